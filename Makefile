@@ -1,0 +1,26 @@
+# Two commands do all set-up on a fresh machine: `make run` and `make test`.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: run test bench clean
+
+$(STAMP): pyproject.toml
+	test -d $(VENV) || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[test]'
+	touch $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/plinth demo --out results/demo
+
+test: $(STAMP)
+	$(BIN)/pytest -q -n 2
+
+bench: $(STAMP)
+	$(BIN)/python bench/sched_pass.py
+	$(BIN)/python bench/philly_replay.py
+
+clean:
+	rm -rf $(VENV) results

@@ -1,0 +1,11 @@
+"""The resource model. Depends on nothing else in Plinth."""
+
+from plinth.core.errors import PlinthError, SpecError, TraceError
+from plinth.core.gpus import GPU_CATALOG, GpuModel, gpu_model
+from plinth.core.resources import Allocation, Cluster, Node, Request, WorkerSlot
+from plinth.core.workload import Job
+
+__all__ = [
+    "PlinthError", "SpecError", "TraceError", "GPU_CATALOG", "GpuModel", "gpu_model",
+    "Allocation", "Cluster", "Node", "Request", "WorkerSlot", "Job",
+]

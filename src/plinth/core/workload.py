@@ -1,0 +1,29 @@
+"""Workloads as the scheduler sees them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from plinth.core.resources import Request
+
+
+@dataclass(slots=True)
+class Job:
+    """One submitted job. `duration` is its run time on its request at reference speed (V100,
+    consolidated); the simulator uses it as ground truth, oracle policies may peek at it."""
+
+    id: int
+    submit_time: float
+    duration: float
+    request: Request
+    name: str = ""
+    tenant: str = "default"
+    priority: int = 0
+    preemptible: bool = True
+    job_type: str = ""  # for throughput matrices (Gavel); empty = use GPU model speed
+    time_limit: float | None = None  # the user's estimate, as Slurm's --time; used by backfill
+
+    @property
+    def estimate(self) -> float:
+        """The run time a non-oracle policy may plan with."""
+        return self.time_limit if self.time_limit is not None else self.duration

@@ -1,0 +1,24 @@
+"""The policy interface: an ordering key for the pending queue, and a pure `schedule`."""
+
+from __future__ import annotations
+
+from plinth.sched.types import Decisions, JobState, Snapshot
+
+
+class Policy:
+    """A scheduling policy.
+
+    `schedule(snapshot, now)` must not change the snapshot: it plans on `snapshot.state.copy()`.
+    `order(job)` is the key the pending queue is kept sorted by. It may only read fields that do
+    not change while a job waits (submit time, priority, attained service, ...), so the owner
+    of the queue can keep it sorted incrementally.
+    """
+
+    name = "base"
+    preemptive = False  # may return Preempt decisions
+
+    def order(self, js: JobState) -> tuple:
+        return (js.job.submit_time, js.job.id)
+
+    def schedule(self, snap: Snapshot, now: float) -> Decisions:  # pragma: no cover
+        raise NotImplementedError

@@ -1,0 +1,123 @@
+"""The hot, mutable usage state of a cluster: numpy arrays plus a bucket index.
+
+Placement reads it, `allocate` and `release` change it. Policies plan on a `copy()` so the
+snapshot they were given stays untouched.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from plinth.core.resources import MILLI, Allocation, Cluster, Request
+
+
+class ClusterState:
+    __slots__ = (
+        "cluster", "gpu_free_milli", "gpu_free_mem", "node_free_cpu", "node_free_mem",
+        "node_free_whole", "free_whole_by_model", "buckets", "_failed", "_gpu_mem_cap",
+    )
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+        g = cluster.total_gpus
+        self.gpu_free_milli = np.full(g, MILLI, dtype=np.int64)
+        cap = np.concatenate(
+            [np.full(n.num_gpus, n.model.memory_mib if n.num_gpus else 0, dtype=np.int64)
+             for n in cluster.nodes]
+        )
+        self._gpu_mem_cap = cap
+        self.gpu_free_mem = cap.copy()
+        self.node_free_cpu = np.array([n.cpus_milli for n in cluster.nodes], dtype=np.int64)
+        self.node_free_mem = np.array([n.memory_mib for n in cluster.nodes], dtype=np.int64)
+        self.node_free_whole = np.array([n.num_gpus for n in cluster.nodes], dtype=np.int64)
+        nm = len(cluster.models)
+        self.free_whole_by_model = np.zeros(nm, dtype=np.int64)
+        # buckets[model][k]: the nodes of that model with exactly k whole GPUs free.
+        width = max(n.num_gpus for n in cluster.nodes) + 1
+        self.buckets: list[list[set[int]]] = [[set() for _ in range(width)] for _ in range(nm)]
+        for i, n in enumerate(cluster.nodes):
+            m = cluster.node_model_id[i]
+            if m >= 0:
+                self.buckets[m][n.num_gpus].add(i)
+                self.free_whole_by_model[m] += n.num_gpus
+        # Request shapes that failed to place since the last release: placement only gets
+        # harder as resources are allocated, so a shape that failed stays failed.
+        self._failed: set[Request] = set()
+
+    def copy(self) -> ClusterState:
+        new = object.__new__(ClusterState)
+        new.cluster = self.cluster
+        new._gpu_mem_cap = self._gpu_mem_cap
+        for name in ("gpu_free_milli", "gpu_free_mem", "node_free_cpu", "node_free_mem",
+                     "node_free_whole", "free_whole_by_model"):
+            setattr(new, name, getattr(self, name).copy())
+        new.buckets = [[set(b) for b in per_model] for per_model in self.buckets]
+        new._failed = set(self._failed)
+        return new
+
+    # -- queries ---------------------------------------------------------------------------
+    @property
+    def used_milli(self) -> int:
+        return int(self.gpu_free_milli.size * MILLI - self.gpu_free_milli.sum())
+
+    @property
+    def allocated_gpus(self) -> float:
+        """GPUs in use, counting fractional shares by their share."""
+        return self.used_milli / MILLI
+
+    def known_unplaceable(self, req: Request) -> bool:
+        return req in self._failed
+
+    def mark_unplaceable(self, req: Request) -> None:
+        self._failed.add(req)
+
+    def whole_free_gpus(self, models: tuple[str, ...] = ()) -> int:
+        if not models:
+            return int(self.free_whole_by_model.sum())
+        ids = [i for i, m in enumerate(self.cluster.models) if m in models]
+        return int(self.free_whole_by_model[ids].sum())
+
+    # -- changes ---------------------------------------------------------------------------
+    def allocate(self, alloc: Allocation, req: Request) -> None:
+        self._apply(alloc, req, -1)
+
+    def release(self, alloc: Allocation, req: Request) -> None:
+        self._apply(alloc, req, +1)
+        self._failed.clear()
+
+    def _apply(self, alloc: Allocation, req: Request, sign: int) -> None:
+        touched: dict[int, int] = {}
+        for slot in alloc.slots:
+            n = slot.node
+            self.node_free_cpu[n] += sign * req.cpus_milli
+            self.node_free_mem[n] += sign * req.memory_mib
+            for g in slot.gpus:
+                before = self.gpu_free_milli[g] == MILLI
+                self.gpu_free_milli[g] += sign * slot.milli
+                self.gpu_free_mem[g] += sign * slot.gpu_memory_mib
+                after = self.gpu_free_milli[g] == MILLI
+                if before != after:
+                    touched[n] = touched.get(n, 0) + (1 if after else -1)
+                if self.gpu_free_milli[g] < 0 or self.gpu_free_mem[g] < 0:
+                    raise AssertionError(f"GPU {g} over-committed by {alloc}")
+                if self.gpu_free_milli[g] > MILLI:
+                    raise AssertionError(f"GPU {g} released twice by {alloc}")
+        for n, delta in touched.items():
+            self._move_bucket(n, delta)
+
+    def _move_bucket(self, n: int, delta: int) -> None:
+        m = self.cluster.node_model_id[n]
+        old = int(self.node_free_whole[n])
+        self.buckets[m][old].discard(n)
+        self.node_free_whole[n] = old + delta
+        self.buckets[m][old + delta].add(n)
+        self.free_whole_by_model[m] += delta
+
+    def check(self) -> None:
+        """Invariants, for tests: nothing over-committed, the index matches the arrays."""
+        assert (self.gpu_free_milli >= 0).all() and (self.gpu_free_milli <= MILLI).all()
+        assert (self.gpu_free_mem >= 0).all() and (self.gpu_free_mem <= self._gpu_mem_cap).all()
+        assert (self.node_free_cpu >= 0).all() and (self.node_free_mem >= 0).all()
+        whole = np.bincount(self.cluster.gpu_node, weights=self.gpu_free_milli == MILLI,
+                            minlength=len(self.cluster.nodes)).astype(np.int64)
+        assert (whole == self.node_free_whole).all(), "bucket index out of date"

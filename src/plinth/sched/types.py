@@ -1,0 +1,129 @@
+"""What the scheduler reads (a snapshot) and what it returns (decisions with reasons)."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from plinth.core.resources import Allocation, Cluster
+from plinth.core.workload import Job
+from plinth.sched.placement import DEFAULT_PLACEMENT, PlacementConfig
+from plinth.sched.state import ClusterState
+
+
+class JobStatus(enum.Enum):
+    PENDING = "pending"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    REJECTED = "rejected"
+    CANCELLED = "cancelled"
+
+    @property
+    def terminal(self) -> bool:
+        return self in (JobStatus.COMPLETED, JobStatus.REJECTED, JobStatus.CANCELLED)
+
+
+@dataclass(slots=True)
+class JobState:
+    """A job's scheduling state. Its owner (the simulator or the control plane) keeps
+    `progress` and `attained` current before each scheduling pass."""
+
+    job: Job
+    status: JobStatus = JobStatus.PENDING
+    allocation: Allocation | None = None
+    start_time: float | None = None  # start of the current run
+    first_start: float | None = None
+    end_time: float | None = None
+    progress: float = 0.0  # work done, in seconds at reference speed
+    checkpointed: float = 0.0  # progress saved by the last checkpoint
+    checkpoint_time: float | None = None  # when that checkpoint was written
+    attained: float = 0.0  # GPU-seconds of service received (Tiresias)
+    executed: float = 0.0  # wall seconds spent running, all runs together
+    rate: float = 0.0  # progress per second in the current run
+    preemptions: int = 0
+    last_preempted: float | None = None
+    pending_since: float = 0.0
+    model: str | None = None  # GPU model of the current run
+    reason: str = ""
+
+    @property
+    def id(self) -> int:
+        return self.job.id
+
+    @property
+    def remaining(self) -> float:
+        """True remaining work (oracle)."""
+        return max(0.0, self.job.duration - self.progress)
+
+    @property
+    def remaining_estimate(self) -> float:
+        return max(0.0, self.job.estimate - self.progress)
+
+    @property
+    def unsaved(self) -> float:
+        """Work lost if preempted now."""
+        return self.progress - self.checkpointed
+
+    def expected_end(self, now: float) -> float:
+        rate = self.rate if self.rate > 0 else 1.0
+        return now + self.remaining_estimate / rate
+
+
+@dataclass(frozen=True, slots=True)
+class SchedConfig:
+    placement: PlacementConfig = DEFAULT_PLACEMENT
+    backfill_depth: int = 500  # as Slurm's bf_max_job_test
+    min_runtime: float = 300.0  # a job runs at least this long before it may be preempted
+    preempt_backoff: float = 2.0  # min_runtime grows by this factor with each preemption
+    max_preemptions: int = 8  # after this many, a job is no longer preempted
+    restore_overhead: float = 30.0  # seconds to restart from a checkpoint (simulator)
+    checkpoint_interval: float = 600.0  # seconds of progress between checkpoints (simulator)
+    round_s: float = 360.0  # lease length for round-based policies (Gavel, Themis)
+
+
+@dataclass(slots=True)
+class Snapshot:
+    """The world as the scheduler sees it. `pending` is ordered by the policy's `order` key."""
+
+    cluster: Cluster
+    state: ClusterState
+    pending: Sequence[JobState]
+    running: Mapping[int, JobState]
+    config: SchedConfig = field(default_factory=SchedConfig)
+
+
+@dataclass(frozen=True, slots=True)
+class Start:
+    job_id: int
+    allocation: Allocation
+    reason: str
+    model: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Preempt:
+    job_id: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Resize:
+    """Move a running job to a new allocation (a Gavel lease on another GPU model)."""
+
+    job_id: int
+    allocation: Allocation
+    reason: str
+    model: str | None = None
+
+
+@dataclass(slots=True)
+class Decisions:
+    starts: list[Start] = field(default_factory=list)
+    preempts: list[Preempt] = field(default_factory=list)
+    resizes: list[Resize] = field(default_factory=list)
+    waiting: dict[int, str] = field(default_factory=dict)  # why examined pending jobs wait
+    wake_at: float | None = None  # call me again then, even if nothing else happens
+
+    def __bool__(self) -> bool:
+        return bool(self.starts or self.preempts or self.resizes)
