@@ -4,8 +4,10 @@
   bucket index of nodes by free GPU count), else the fewest nodes inside one rack, else the
   fewest nodes across racks. Spread gangs run slower (`locality_factor`).
 - Fractional workers are packed best-fit onto the fullest GPU that still has the SM share and
-  GPU memory they ask for, so no GPU is ever over-committed. `fractional="fgd"` instead picks the
-  GPU that least increases fragmentation (see `plinth.sched.fgd`).
+  GPU memory they ask for, so no GPU is ever over-committed. `fractional="fgd"` (with a
+  `profile`) instead puts each single pod, fractional, whole-GPU or CPU-only, on the GPU or node
+  that least increases fragmentation, and each worker of a fractional gang on such a GPU (see
+  `plinth.sched.fgd`).
 
 Every function here is pure with respect to its inputs except where it says it allocates.
 """
@@ -45,7 +47,13 @@ def place(state: ClusterState, req: Request, cfg: PlacementConfig = DEFAULT_PLAC
     if state.known_unplaceable(req) and models is None:
         return None
     cluster = state.cluster
-    if req.gpus == 0 and req.gpu_milli == 0:
+    if cfg.fractional == "fgd" and cfg.profile is not None and req.workers == 1:
+        # FGD hook: a single pod (fractional, whole-GPU or CPU-only) is scored against every
+        # allowed model's nodes at once, so FGD also picks the node type (see plinth.sched.fgd).
+        from plinth.sched.fgd import place_pod
+
+        alloc = place_pod(state, req, cfg.profile, models)
+    elif req.gpus == 0 and req.gpu_milli == 0:
         alloc = _place_cpu_only(state, req)
     else:
         order = models if models is not None else _model_order(cluster, req)
@@ -153,11 +161,14 @@ def _place_spread(state: ClusterState, req: Request, mid: int) -> Allocation | N
         return None
     racks = cluster.node_rack_id[nodes]
     rack_cap = np.bincount(racks, weights=cap)
-    fitting = np.flatnonzero(rack_cap >= req.workers)
-    if fitting.size:
-        # Best-fit rack: the one with the least spare capacity that still holds the gang.
-        rack = fitting[np.argmin(rack_cap[fitting])]
-        keep = racks == rack
+    best = None  # (nodes needed, spare capacity, rack): fewest nodes, then best fit
+    for rack in np.flatnonzero(rack_cap >= req.workers):
+        caps = np.sort(cap[racks == rack])[::-1]
+        needed = int(np.searchsorted(np.cumsum(caps), req.workers)) + 1
+        key = (needed, rack_cap[rack] - req.workers, rack)
+        best = key if best is None or key < best else best
+    if best is not None:
+        keep = racks == best[2]
         nodes, cap = nodes[keep], cap[keep]
     order = np.argsort(-cap, kind="stable")  # fewest nodes: largest capacity first
     plan, left = [], req.workers

@@ -15,6 +15,7 @@ class ClusterState:
     __slots__ = (
         "cluster", "gpu_free_milli", "gpu_free_mem", "node_free_cpu", "node_free_mem",
         "node_free_whole", "free_whole_by_model", "buckets", "_failed", "_gpu_mem_cap",
+        "used_milli",
     )
 
     def __init__(self, cluster: Cluster) -> None:
@@ -43,6 +44,7 @@ class ClusterState:
         # Request shapes that failed to place since the last release: placement only gets
         # harder as resources are allocated, so a shape that failed stays failed.
         self._failed: set[Request] = set()
+        self.used_milli = 0  # GPU share allocated, in milli-GPUs, kept by allocate/release
 
     def copy(self) -> ClusterState:
         new = object.__new__(ClusterState)
@@ -53,12 +55,17 @@ class ClusterState:
             setattr(new, name, getattr(self, name).copy())
         new.buckets = [[set(b) for b in per_model] for per_model in self.buckets]
         new._failed = set(self._failed)
+        new.used_milli = self.used_milli
         return new
 
     # -- queries ---------------------------------------------------------------------------
     @property
-    def used_milli(self) -> int:
-        return int(self.gpu_free_milli.size * MILLI - self.gpu_free_milli.sum())
+    def capacity_milli(self) -> int:
+        return self.gpu_free_milli.size * MILLI
+
+    @property
+    def free_milli(self) -> int:
+        return self.capacity_milli - self.used_milli
 
     @property
     def allocated_gpus(self) -> float:
@@ -91,6 +98,7 @@ class ClusterState:
             n = slot.node
             self.node_free_cpu[n] += sign * req.cpus_milli
             self.node_free_mem[n] += sign * req.memory_mib
+            self.used_milli -= sign * slot.milli * len(slot.gpus)
             for g in slot.gpus:
                 before = self.gpu_free_milli[g] == MILLI
                 self.gpu_free_milli[g] += sign * slot.milli
@@ -121,3 +129,4 @@ class ClusterState:
         whole = np.bincount(self.cluster.gpu_node, weights=self.gpu_free_milli == MILLI,
                             minlength=len(self.cluster.nodes)).astype(np.int64)
         assert (whole == self.node_free_whole).all(), "bucket index out of date"
+        assert self.used_milli == self.capacity_milli - int(self.gpu_free_milli.sum())

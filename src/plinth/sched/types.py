@@ -24,7 +24,7 @@ class JobStatus(enum.Enum):
         return self in (JobStatus.COMPLETED, JobStatus.REJECTED, JobStatus.CANCELLED)
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)  # identity equality: queues remove by identity
 class JobState:
     """A job's scheduling state. Its owner (the simulator or the control plane) keeps
     `progress` and `attained` current before each scheduling pass."""

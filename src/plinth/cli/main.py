@@ -1,0 +1,32 @@
+"""The `plinth` command line."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+from rich.console import Console
+
+from plinth.cli import sim as sim_cmd
+from plinth.core.errors import PlinthError
+
+app = typer.Typer(help="Plinth: an ML platform's GPU scheduler and simulator.",
+                  no_args_is_help=True, pretty_exceptions_enable=False)
+app.command("sim")(sim_cmd.sim)
+app.command("demo")(sim_cmd.demo)
+app.command("policies")(sim_cmd.policies)
+
+err = Console(stderr=True)
+
+
+def main() -> None:
+    """Entry point: Typer handles usage errors; a PlinthError is one red line, exit code 2."""
+    try:
+        app()
+    except PlinthError as e:
+        err.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,106 @@
+"""`plinth sim`, `plinth demo` and `plinth policies`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from plinth.core.errors import SpecError
+from plinth.sched.policies import POLICIES
+from plinth.sim import report
+from plinth.sim.run import compare, sched_config
+
+console = Console()
+
+
+def _progress() -> Progress:
+    return Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                    TimeElapsedColumn(), console=console, transient=True)
+
+
+def _run(jobs, cluster, policies, cfg, alibaba, title, json_path, out):  # noqa: ANN001
+    with _progress() as bar:
+        tasks: dict[str, object] = {}
+
+        def tick(name: str, done: int, total: int) -> None:
+            if name not in tasks:
+                tasks[name] = bar.add_task(name, total=total)
+            bar.update(tasks[name], completed=done)  # type: ignore[arg-type]
+
+        results, rows = compare(jobs, cluster, policies, cfg, alibaba=alibaba, on_progress=tick)
+    console.print(report.table(rows, title))
+    if json_path:
+        report.write_json(rows, json_path)
+        console.print(f"results: {json_path}")
+    if out:
+        report.write_json(rows, Path(out) / "results.json")
+        for p in report.plot(results, out):
+            console.print(f"plot: {p}")
+    return rows
+
+
+def _policy_list(policy: str, compare_list: str | None) -> list[str]:
+    names = [p.strip() for p in (compare_list or policy).split(",") if p.strip()]
+    for n in names:
+        if n.lower() not in POLICIES:
+            raise SpecError(f"--policy: unknown policy {n!r}; choose one of: {', '.join(POLICIES)}")
+    return names
+
+
+def sim(
+    trace: Annotated[str, typer.Option(help="Trace file.")],
+    cluster: Annotated[str, typer.Option(help="Cluster: YAML spec, Alibaba node-list CSV, "
+                                               "or shorthand like 32x8xV100.")],
+    format: Annotated[str, typer.Option(help="philly | alibaba | csv")] = "csv",
+    policy: Annotated[str, typer.Option(help="Policy name (see `plinth policies`).")] = "fifo",
+    compare_: Annotated[str | None, typer.Option("--compare", help="p1,p2,… side by side.")] = None,
+    window: Annotated[str | None, typer.Option(help="Part of the trace, e.g. 0d:14d.")] = None,
+    placement: Annotated[str, typer.Option(help="bestfit | fgd (fractional GPUs).")] = "bestfit",
+    json_path: Annotated[str | None, typer.Option("--json", help="Write results JSON.")] = None,
+    out: Annotated[str | None, typer.Option(help="Folder for plots and results.")] = "results/sim",
+) -> None:
+    """Replay a trace under one or more scheduling policies."""
+    from plinth.core.spec import load_cluster
+    from plinth.sim.traces import load_trace
+
+    names = _policy_list(policy, compare_)
+    spec = load_cluster(cluster)
+    tr = load_trace(trace, format, window=window)
+    cfg = sched_config(placement, tr.jobs)
+    console.print(f"[bold]{len(tr.jobs):,} jobs[/bold] from {trace} on {spec.describe()}")
+    _run(tr.jobs, spec, names, cfg, format == "alibaba", f"{Path(trace).name} · {placement}",
+         json_path, out)
+
+
+def demo(
+    out: Annotated[str, typer.Option(help="Folder for plots and results.")] = "results/demo",
+    jobs: Annotated[int, typer.Option(help="Synthetic jobs to generate.")] = 1500,
+    seed: Annotated[int, typer.Option()] = 0,
+) -> None:
+    """Every policy on a bundled synthetic workload, on a small heterogeneous cluster."""
+    from plinth.core.spec import load_cluster
+    from plinth.sim.traces.synthetic import synthetic_jobs
+
+    spec = load_cluster("4x8xV100,2x8xP100,2x8xK80")
+    work = synthetic_jobs(jobs, seed=seed, load=0.9, cluster_gpus=spec.total_gpus, tenants=3)
+    console.print(f"[bold]Plinth demo[/bold]: {len(work):,} synthetic jobs (seed {seed}) "
+                  f"on {spec.describe()}")
+    _run(work, spec, list(POLICIES), sched_config(), False, "all policies, synthetic workload",
+         str(Path(out) / "results.json"), out)
+
+
+def policies() -> None:
+    """List the scheduling policies."""
+    import importlib
+
+    for name, target in POLICIES.items():
+        module, cls = target.split(":")
+        try:
+            doc = (getattr(importlib.import_module(module), cls).__doc__ or "").strip()
+        except ImportError:
+            doc = "(not available)"
+        console.print(f"[bold]{name:9}[/bold] {doc.splitlines()[0] if doc else ''}")

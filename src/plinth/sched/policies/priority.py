@@ -1,0 +1,227 @@
+"""Strict priority with preemption.
+
+The pending queue is kept in (-priority, submit time, id) order. A pass has three phases:
+
+1. Walk the queue from the top. Start each job that fits; if it does not, try to make room by
+   preempting strictly lower-priority running jobs (lowest priority first, then the least
+   unsaved work). Stop at the first job that cannot start either way: it is the head.
+2. Hand the head and everything behind it to EASY backfill, so the head gets a reservation and
+   only jobs that do not delay it jump ahead.
+3. Jobs behind the head that still wait and whose priority is below the head's may also preempt
+   (still only strictly lower priority). Equal-priority jobs do not, so they cannot overtake the
+   head inside its own class; a lower class can, since the head may preempt it back later.
+
+Preemption comes before backfill on purpose: backfilling first could hand the free GPUs to a
+low-priority job and leave the high-priority head unable to fit even after preempting.
+
+The number of jobs that try preemption per pass is bounded (`preempt_depth`), since each try
+copies the cluster state. When a try fails only because victims are inside their guaranteed
+runtime, the pass asks to be woken when that protection ends.
+
+`PreemptionPlan` is shared with Tiresias: it is the pass's scratch state plus the bookkeeping
+of who was preempted for whom.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+
+from plinth.core.errors import SpecError
+from plinth.core.resources import Allocation, Request
+from plinth.sched.backfill import easy_backfill
+from plinth.sched.placement import place
+from plinth.sched.policies.base import Policy
+from plinth.sched.preemption import _prune, can_preempt, guaranteed_runtime, victim_order
+from plinth.sched.state import ClusterState
+from plinth.sched.types import Decisions, JobState, Preempt, SchedConfig, Snapshot, Start
+
+# Never ask to be woken sooner than this after `now`: float rounding in the owner's bookkeeping
+# could otherwise leave a threshold a hair uncrossed and make it call again at the same instant.
+MIN_WAKE = 1e-3
+
+
+class PreemptionPlan:
+    """One pass's plan: the scratch state after the starts and preemptions decided so far."""
+
+    def __init__(self, snap: Snapshot, now: float, d: Decisions, depth: int) -> None:
+        self.snap, self.now, self.d = snap, now, d
+        self.cfg = snap.config
+        self.work = snap.state.copy()
+        self.victims: dict[int, JobState] = {}
+        self.started: list[tuple[JobState, Allocation]] = []
+        self.tries_left = depth
+        self.wake: float | None = None
+
+    def try_start(self, js: JobState, reason: str) -> bool:
+        """Start `js` on free resources if it fits."""
+        req = js.job.request
+        alloc = place(self.work, req, self.cfg.placement)
+        if alloc is None:
+            return False
+        self._start(js, alloc, reason)
+        return True
+
+    def try_preempt(self, js: JobState, candidates: Sequence[JobState],
+                    start_reason: Callable[[list[JobState]], str],
+                    victim_reason: Callable[[JobState], str]) -> str | None:
+        """Start `js` by preempting some of `candidates` (least important first). Returns None
+        when it worked, else why not, in words for the user."""
+        cands = [c for c in candidates if c.id not in self.victims and c.allocation is not None]
+        if not cands:
+            return "no lower-priority job is running"
+        if self.tries_left <= 0:
+            return "preemption deferred to a later pass (per-pass limit reached)"
+        self.tries_left -= 1
+        req = js.job.request
+        found = find_victims(self.work, req, cands, self.now, self.cfg)
+        if found is None:
+            return self._why_not(js, cands)
+        victims, scratch, alloc = found
+        self.work = scratch
+        for v in victims:
+            self.victims[v.id] = v
+            self.d.preempts.append(Preempt(v.id, victim_reason(v)))
+        self._start(js, alloc, start_reason(victims))
+        return None
+
+    def backfill_view(self) -> Snapshot:
+        """The snapshot as EASY backfill must see it after this pass's decisions: victims are
+        gone and the jobs started so far hold their GPUs (they count when it works out when
+        the head's reservation begins)."""
+        running = {i: js for i, js in self.snap.running.items() if i not in self.victims}
+        for js, alloc in self.started:
+            running[js.id] = dataclasses.replace(js, allocation=alloc, start_time=self.now,
+                                                 rate=0.0)
+        return dataclasses.replace(self.snap, running=running)
+
+    def wake_at(self, *times: float | None) -> float | None:
+        """The earliest of `times` and this plan's own wake time, never before now + MIN_WAKE."""
+        known = [t for t in (self.wake, *times) if t is not None]
+        return max(min(known), self.now + MIN_WAKE) if known else None
+
+    # -- internals -------------------------------------------------------------------------
+    def _start(self, js: JobState, alloc: Allocation, reason: str) -> None:
+        self.work.allocate(alloc, js.job.request)
+        self.started.append((js, alloc))
+        self.d.starts.append(Start(js.id, alloc, reason))
+
+    def _why_not(self, js: JobState, cands: list[JobState]) -> str:
+        """Preemption failed. If the job would fit once protected victims may be preempted,
+        say until when and ask to be woken then, since no other event may come sooner."""
+        cfg, now = self.cfg, self.now
+        # Non-preemptible jobs and jobs at the preemption cap never become victims.
+        eventual = [c for c in cands
+                    if c.job.preemptible and c.preemptions < cfg.max_preemptions]
+        protected = [c for c in eventual if not can_preempt(c, now, cfg)]
+        if not protected:
+            return "preempting every eligible lower-priority job would not make room"
+        scratch = self.work.copy()
+        for c in eventual:
+            scratch.release(c.allocation, c.job.request)  # type: ignore[arg-type]
+        if place(scratch, js.job.request, cfg.placement) is None:
+            return "preempting every eligible lower-priority job would not make room"
+        until = min((c.start_time if c.start_time is not None else now)
+                    + guaranteed_runtime(c, cfg) for c in protected)
+        self.wake = until if self.wake is None else min(self.wake, until)
+        return f"lower-priority jobs are inside their guaranteed runtime until t={until:.0f}s"
+
+
+def find_victims(work: ClusterState, req: Request, candidates: Sequence[JobState], now: float,
+                 cfg: SchedConfig) -> tuple[list[JobState], ClusterState, Allocation] | None:
+    """`plinth.sched.preemption.find_victims`, except that its cheap "cannot fit yet" test
+    counts the GPU share already free as well as what the victims free. The shared version
+    counts only the victims' share, so a job that needs free GPUs plus a victim's (2 free + 2
+    freed for a 4-GPU gang) never finds its victim. Drop this once the shared one is fixed."""
+    scratch = work.copy()
+    victims: list[JobState] = []
+    short = req.gpu_milli_total - int(work.gpu_free_milli.sum())
+    for js in candidates:
+        if js.allocation is None or not can_preempt(js, now, cfg):
+            continue
+        scratch.release(js.allocation, js.job.request)
+        victims.append(js)
+        short -= js.allocation.gpu_milli_total
+        if short > 0:
+            continue  # not enough GPU share in total yet: skip the placement attempt
+        alloc = place(scratch, req, cfg.placement)
+        if alloc is not None:
+            return _prune(work, req, victims, alloc, cfg.placement)
+    return None
+
+
+class StrictPriority(Policy):
+    """Higher `priority` first; preempts strictly lower priority, never equal or higher."""
+
+    name = "priority"
+    preemptive = True
+
+    def __init__(self, *, backfill: bool = True, preempt_depth: int = 8) -> None:
+        if preempt_depth < 0:
+            raise SpecError(f"priority.preempt_depth: must not be negative, got {preempt_depth}")
+        self.backfill = backfill
+        self.preempt_depth = preempt_depth
+
+    def order(self, js: JobState) -> tuple:
+        return (-js.job.priority, js.job.submit_time, js.job.id)
+
+    def schedule(self, snap: Snapshot, now: float) -> Decisions:
+        d = Decisions()
+        plan = PreemptionPlan(snap, now, d, self.preempt_depth)
+        # Least important first: lowest priority, then least unsaved work (newest checkpoint).
+        running = sorted(snap.running.values(), key=victim_order(lambda v: v.job.priority))
+        pending = list(snap.pending)
+        notes: dict[int, str] = {}
+
+        head = len(pending)
+        for i, js in enumerate(pending):  # phase 1
+            if plan.try_start(js, f"priority {js.job.priority}"):
+                continue
+            why = self._preempt_for(plan, js, running)
+            if why is not None:
+                notes[js.id], head = why, i
+                break
+        rest = pending[head:]
+        if not rest:
+            d.wake_at = plan.wake_at()
+            return d
+
+        if self.backfill:  # phase 2
+            easy_backfill(plan.backfill_view(), now, plan.work, rest, d, "priority")
+        else:
+            d.waiting[rest[0].id] = "Resources: first in line (no backfill)"
+            for js in rest[1:snap.config.backfill_depth]:
+                d.waiting[js.id] = f"Resources: waiting behind job {rest[0].id}"
+        top = rest[0].job.priority
+        started = {s.job_id for s in d.starts}
+        # The queue is sorted by priority, so once a job's priority is at or below every
+        # running job's, no job further down has anyone to preempt.
+        lowest = min((v.job.priority for v in running if v.id not in plan.victims), default=None)
+        for js in rest[1:]:  # phase 3
+            if plan.tries_left <= 0 or lowest is None or js.job.priority <= lowest:
+                break
+            if js.id in started or js.job.priority >= top:
+                continue
+            why = self._preempt_for(plan, js, running)
+            if why is None:
+                d.waiting.pop(js.id, None)
+            else:
+                notes[js.id] = why
+        for jid, why in notes.items():
+            if jid in d.waiting:
+                d.waiting[jid] += f"; preemption: {why}"
+            else:
+                d.waiting[jid] = f"Resources: {why}"
+        d.wake_at = plan.wake_at()
+        return d
+
+    @staticmethod
+    def _preempt_for(plan: PreemptionPlan, js: JobState, running: list[JobState]) -> str | None:
+        p = js.job.priority
+        cands = [v for v in running if v.job.priority < p]
+        return plan.try_preempt(
+            js, cands,
+            lambda vs: f"priority {p}: preempted job{'s' * (len(vs) > 1)} "
+                       + ", ".join(str(v.id) for v in vs),
+            lambda v: f"preempted by job {js.id} (priority {p} > {v.job.priority})",
+        )

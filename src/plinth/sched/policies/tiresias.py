@@ -1,0 +1,162 @@
+"""Tiresias' discretised two-dimensional least-attained-service scheduler (2D-LAS; Gu et al.,
+NSDI'19), which needs no job run times.
+
+A job's service is its attained GPU time (GPUs x seconds run, both dimensions at once). Jobs sit
+in K queues split by service thresholds; a new job enters queue 0 and is demoted as its service
+crosses each threshold. Queues are served in order, FIFO inside each queue.
+
+Each pass walks the pending jobs in (queue, submit time, id) order. A job that fits starts, even
+behind one that does not (Tiresias is work-conserving, so no reservations). A job that does not
+fit may preempt running jobs of a strictly lower queue (higher index), the most-served queue
+first; jobs in its own queue are never preempted, which keeps FIFO inside a queue.
+
+Defaults: thresholds (3600, 36000) GPU-seconds, i.e. three queues: under one GPU-hour (close to
+the 3,250 GPU-s first limit of the Tiresias simulator, so short and debugging jobs finish
+without waiting behind long ones), up to ten GPU-hours, and the rest. `starve_factor` = 8: a job
+that has run before and has waited more than 8x its total run time since it was last preempted
+is promoted to queue 0 for the pass (Tiresias' STARVELIMIT knob); 0 or None turns it off.
+
+The order key reads only `attained`, which does not change while a job waits, so the owner can
+keep the queue sorted incrementally. Promotion is decided per pass from `pending_since` and
+`executed` and does not change the key: the pass re-sorts its own copy. Unlike the reference
+simulator, promotion does not reset the job's service, so once running it is in the queue its
+service says; its guaranteed runtime (min_runtime with backoff) keeps it from flapping.
+
+`wake_at` asks for a pass when a running job's service crosses its queue's threshold (service
+grows at num_gpus per second of wall time), when a waiting job would reach its starvation limit,
+or when victims a waiting job needs leave their guaranteed runtime, whichever is first, so
+demotions and promotions happen on time without polling.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Sequence
+
+from plinth.core.errors import SpecError
+from plinth.sched.policies.base import Policy
+from plinth.sched.policies.priority import MIN_WAKE, PreemptionPlan
+from plinth.sched.preemption import victim_order
+from plinth.sched.types import Decisions, JobState, Snapshot
+
+DEFAULT_THRESHOLDS: tuple[float, ...] = (3600.0, 36000.0)  # GPU-seconds
+
+
+class Tiresias(Policy):
+    name = "tiresias"
+    preemptive = True
+
+    def __init__(self, *, thresholds: Sequence[float] = DEFAULT_THRESHOLDS,
+                 starve_factor: float | None = 8.0, preempt_depth: int = 8) -> None:
+        thr = tuple(float(t) for t in thresholds)
+        if any(t <= 0 for t in thr) or any(b <= a for a, b in zip(thr, thr[1:])):
+            raise SpecError(f"tiresias.thresholds: must be positive and increasing, got {list(thr)}")
+        if starve_factor is not None and starve_factor < 0:
+            raise SpecError(f"tiresias.starve_factor: must not be negative, got {starve_factor}")
+        if preempt_depth < 0:
+            raise SpecError(f"tiresias.preempt_depth: must not be negative, got {preempt_depth}")
+        self.thresholds = thr
+        self.starve_factor = starve_factor or None
+        self.preempt_depth = preempt_depth
+
+    def queue_of(self, attained: float) -> int:
+        """Queue index by attained GPU-seconds; reaching a threshold exactly demotes."""
+        return bisect.bisect_right(self.thresholds, attained)
+
+    def order(self, js: JobState) -> tuple:
+        return (self.queue_of(js.attained), js.job.submit_time, js.job.id)
+
+    def starve_limit(self, js: JobState) -> float | None:
+        """When this waiting job is promoted to queue 0, or None if it never is."""
+        if self.starve_factor is None or js.attained <= 0 or self.queue_of(js.attained) == 0:
+            return None
+        return js.pending_since + self.starve_factor * js.executed
+
+    def schedule(self, snap: Snapshot, now: float) -> Decisions:
+        d = Decisions()
+        plan = PreemptionPlan(snap, now, d, self.preempt_depth)
+        depth = snap.config.backfill_depth
+
+        # Effective queue per waiting job: its own, or 0 while it is starving.
+        promoted: dict[int, str] = {}
+        entries: list[tuple[int, float, int, JobState]] = []
+        for js in snap.pending:
+            q = self.queue_of(js.attained)
+            limit = self.starve_limit(js)
+            if limit is not None and now + MIN_WAKE >= limit:
+                promoted[js.id] = (f"promoted from queue {q}: waited {now - js.pending_since:.0f}s"
+                                   f" >= {self.starve_factor:g} x {js.executed:.0f}s run")
+                q = 0
+            entries.append((q, js.job.submit_time, js.id, js))
+        entries.sort(key=lambda e: e[:3])  # near-sorted already: timsort makes this cheap
+
+        run_q = {i: self.queue_of(v.attained) for i, v in snap.running.items()}
+        # Least important first: the highest queue, then the least unsaved work.
+        running = sorted(snap.running.values(), key=victim_order(lambda v: -run_q[v.id]))
+        top_run_q = max(run_q.values(), default=-1)
+
+        first_waiting: int | None = None
+        examined = 0
+        waiting_q: dict[int, int] = {}
+        for q, _, _, js in entries:
+            if first_waiting is not None:
+                examined += 1
+                if examined > depth:  # as Slurm's bf_max_job_test: bound the pass
+                    break
+            note = f" ({promoted[js.id]})" if js.id in promoted else ""
+            if plan.try_start(js, f"tiresias: queue {q}{note}"):
+                continue
+            if q < top_run_q:
+                why = plan.try_preempt(
+                    js, [v for v in running if run_q[v.id] > q],
+                    lambda vs, q=q, note=note: (
+                        f"tiresias: queue {q}{note}, preempted "
+                        + ", ".join(f"job {v.id} (queue {run_q[v.id]})" for v in vs)),
+                    lambda v, js=js, q=q: (
+                        f"preempted by job {js.id} (queue {q} < queue {run_q[v.id]}, "
+                        f"attained {v.attained:.0f} GPU-s)"),
+                )
+                if why is None:
+                    continue
+            else:
+                why = "no running job is in a lower queue"
+            if first_waiting is None:
+                first_waiting = js.id
+            waiting_q[js.id] = q
+            d.waiting[js.id] = f"Resources: queue {q}{note}, does not fit; {why}"
+
+        d.wake_at = plan.wake_at(self._next_demotion(plan, waiting_q),
+                                 self._next_promotion(snap, d, promoted))
+        return d
+
+    def _next_demotion(self, plan: PreemptionPlan, waiting_q: dict[int, int]) -> float | None:
+        """When the next running (or just started) job crosses its queue's threshold. Only
+        demotions below some waiting job's queue matter: only they make a job preemptible."""
+        if not waiting_q:
+            return None
+        best_waiting = min(waiting_q.values())
+        jobs = [js for i, js in plan.snap.running.items() if i not in plan.victims]
+        jobs += [js for js, _ in plan.started]
+        best: float | None = None
+        for js in jobs:
+            q = self.queue_of(js.attained)
+            gpus = js.job.request.num_gpus
+            if q >= len(self.thresholds) or gpus <= 0 or best_waiting > q:
+                continue
+            t = plan.now + (self.thresholds[q] - js.attained) / gpus
+            best = t if best is None else min(best, t)
+        return best
+
+    def _next_promotion(self, snap: Snapshot, d: Decisions, promoted: dict[int, str]
+                        ) -> float | None:
+        """When the next job left waiting (examined this pass or not) reaches its starvation
+        limit."""
+        started = {s.job_id for s in d.starts}
+        best: float | None = None
+        for js in snap.pending:
+            if js.id in started or js.id in promoted:
+                continue
+            limit = self.starve_limit(js)
+            if limit is not None:
+                best = limit if best is None else min(best, limit)
+        return best

@@ -1,0 +1,140 @@
+"""Tenant quotas as Kueue ClusterQueues in a cohort: nominal GPUs, borrowing, DRF shares.
+
+A `QuotaBook` is built fresh for each scheduling pass from the running jobs, then charged and
+credited as the pass plans starts and preemptions. GPU amounts are kept in milli-GPUs (ints) so
+that fractional jobs add up exactly; reasons print them in GPUs.
+
+Borrowing follows Kueue: a tenant may go beyond its nominal quota only by using nominal quota
+that other tenants of its cohort leave idle, and only up to its own borrowing limit. What other
+tenants already borrow is taken out of that idle pool first, so two borrowers can never lend
+themselves the same idle GPU twice (equivalently: the cohort's usage never exceeds the sum of
+its nominal quotas through borrowing).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from plinth.core.resources import MILLI, Cluster, Request, TenantQuota
+
+# How a tenant would hold a job it asks to start.
+NOMINAL, BORROW, NO_QUOTA = "nominal", "borrow", "no-quota"
+
+
+def gpus(milli: int) -> str:
+    """Milli-GPUs as a short GPU count for reasons: 16, 0.5."""
+    return f"{milli / MILLI:g}"
+
+
+def derive_quotas(cluster: Cluster, tenants: Iterable[str]) -> tuple[TenantQuota, ...]:
+    """Equal nominal shares of all GPUs among `tenants`, unlimited borrowing, one cohort."""
+    names = sorted(set(tenants))
+    if not names:
+        return ()
+    share = cluster.total_gpus / len(names)
+    return tuple(TenantQuota(n, share) for n in names)
+
+
+@dataclass(slots=True)
+class TenantUsage:
+    name: str
+    nominal: int  # milli-GPUs guaranteed
+    limit: int | None  # milli-GPUs it may borrow beyond nominal; None: no limit
+    cohort: str
+    weight: float
+    configured: bool  # False: a tenant the quotas do not name (0 nominal, borrow only)
+    gpu: int = 0  # milli-GPUs in use
+    cpu: int = 0  # milli-CPUs in use
+    mem: int = 0  # MiB in use
+
+    @property
+    def borrowed(self) -> int:
+        return max(0, self.gpu - self.nominal)
+
+    def usage_text(self) -> str:
+        return f"{self.name} uses {gpus(self.gpu)}/{gpus(self.nominal)} nominal GPUs"
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    kind: str  # NOMINAL, BORROW or NO_QUOTA
+    text: str  # the quota part of a reason a user reads
+
+
+class QuotaBook:
+    """Per-pass usage of every tenant and cohort, and the admission rule."""
+
+    __slots__ = ("tenants", "cohort_nominal", "cohort_usage", "_tot_gpu", "_tot_cpu", "_tot_mem")
+
+    def __init__(self, quotas: Sequence[TenantQuota], cluster: Cluster) -> None:
+        self.tenants: dict[str, TenantUsage] = {}
+        self.cohort_nominal: dict[str, int] = {}
+        self.cohort_usage: dict[str, int] = {}
+        self._tot_gpu = cluster.total_gpus * MILLI
+        self._tot_cpu = sum(n.cpus_milli for n in cluster.nodes)
+        self._tot_mem = sum(n.memory_mib for n in cluster.nodes)
+        for q in quotas:
+            limit = None if q.borrowing_limit is None else round(q.borrowing_limit * MILLI)
+            self._add(TenantUsage(q.name, round(q.nominal_gpus * MILLI), limit, q.cohort,
+                                  q.weight if q.weight > 0 else 1.0, True))
+
+    def _add(self, t: TenantUsage) -> TenantUsage:
+        self.tenants[t.name] = t
+        self.cohort_nominal[t.cohort] = self.cohort_nominal.get(t.cohort, 0) + t.nominal
+        self.cohort_usage.setdefault(t.cohort, 0)
+        return t
+
+    def tenant(self, name: str) -> TenantUsage:
+        """The tenant's usage; an unknown name is a tenant with 0 nominal GPUs in the default
+        cohort, so its jobs can still run on quota that others leave idle."""
+        t = self.tenants.get(name)
+        return t if t is not None else self._add(TenantUsage(name, 0, None, "default", 1.0, False))
+
+    def charge(self, tenant: str, req: Request, sign: int = 1) -> None:
+        t = self.tenant(tenant)
+        g = sign * req.gpu_milli_total
+        t.gpu += g
+        t.cpu += sign * req.cpus_milli * req.workers
+        t.mem += sign * req.memory_mib * req.workers
+        self.cohort_usage[t.cohort] += g
+
+    def share(self, t: TenantUsage) -> float:
+        """Weighted dominant share: the largest of its GPU, CPU and memory shares of the
+        cluster, divided by its weight (DRF)."""
+        s = max(t.gpu / self._tot_gpu,
+                t.cpu / self._tot_cpu if self._tot_cpu else 0.0,
+                t.mem / self._tot_mem if self._tot_mem else 0.0)
+        return s / t.weight
+
+    def cohort_idle(self, t: TenantUsage) -> int:
+        """Nominal quota of the other tenants in t's cohort that is neither used nor already
+        lent out: Σ over others of (nominal - usage), which nets out their borrowing."""
+        others_nominal = self.cohort_nominal[t.cohort] - t.nominal
+        others_usage = self.cohort_usage[t.cohort] - t.gpu
+        return max(0, others_nominal - others_usage)
+
+    def verdict(self, t: TenantUsage, milli: int, freed: int = 0) -> Verdict:
+        """May t start a job of `milli` milli-GPUs, after giving up `freed` of its own?"""
+        after = t.gpu - freed + milli
+        if after <= t.nominal:
+            return Verdict(NOMINAL, f"{t.name} within nominal quota "
+                                    f"({gpus(after)}/{gpus(t.nominal)} GPUs with this job)")
+        borrow = after - t.nominal
+        others = self.cohort_nominal[t.cohort] - t.nominal
+        most = others if t.limit is None else min(others, t.limit)
+        if milli > t.nominal + most:
+            return Verdict(NO_QUOTA, f"Quota: this job asks for {gpus(milli)} GPUs, more than "
+                                     f"{t.name} can ever hold ({gpus(t.nominal)} nominal + "
+                                     f"{gpus(most)} it may borrow)")
+        idle = self.cohort_idle(t)
+        now_text = f"{t.name} uses {gpus(t.gpu - freed)}/{gpus(t.nominal)} nominal GPUs"
+        if t.limit is not None and borrow > t.limit:
+            return Verdict(NO_QUOTA, f"Quota: {now_text}; this job ({gpus(milli)} GPUs) would "
+                                     f"borrow {gpus(borrow)}, over its borrowing limit of "
+                                     f"{gpus(t.limit)}")
+        if borrow > idle:
+            return Verdict(NO_QUOTA, f"Quota: {now_text} and cannot borrow {gpus(borrow)} "
+                                     f"(cohort {t.cohort} has {gpus(idle)} idle)")
+        return Verdict(BORROW, f"{t.name} borrowing {gpus(borrow)} GPUs from cohort {t.cohort} "
+                               f"({gpus(after)}/{gpus(t.nominal)} nominal with this job)")

@@ -1,0 +1,106 @@
+"""Tables and plots of simulation results."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+from rich.table import Table
+
+from plinth.sim.engine import SimResult
+from plinth.sim.metrics import jct_values
+
+COLUMNS = [  # (key, header, format)
+    ("policy", "policy", "{}"),
+    ("jobs", "jobs", "{:,}"),
+    ("avg_jct_s", "avg JCT (h)", "h"),
+    ("p50_jct_s", "p50 JCT (h)", "h"),
+    ("p99_jct_s", "p99 JCT (h)", "h"),
+    ("avg_queue_s", "avg queue (h)", "h"),
+    ("makespan_s", "makespan (h)", "h"),
+    ("gpu_utilization", "GPU util", "{:.1%}"),
+    ("ftf_rho_median", "FTF ρ p50", "{:.2f}"),
+    ("ftf_rho_max", "FTF ρ max", "{:.1f}"),
+    ("preemptions", "preempt", "{:,}"),
+    ("gpu_alloc_ratio_at_first_failure", "alloc@fail", "{:.1%}"),
+    ("sim_wall_s", "wall (s)", "{:.1f}"),
+]
+
+
+def table(rows: list[dict], title: str = "") -> Table:
+    cols = [c for c in COLUMNS if any(r.get(c[0]) is not None for r in rows)]
+    t = Table(title=title or None)
+    for key, header, _ in cols:
+        t.add_column(header, justify="left" if key == "policy" else "right")
+    for r in rows:
+        t.add_row(*(_fmt(r.get(key), fmt) for key, _, fmt in cols))
+    return t
+
+
+def _fmt(v: object, fmt: str) -> str:
+    if v is None:
+        return "-"
+    if fmt == "h":
+        return f"{float(v) / 3600:,.2f}"  # type: ignore[arg-type]
+    return fmt.format(v)
+
+
+def write_json(rows: list[dict], path: str | Path) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(rows, indent=2) + "\n")
+
+
+def plot(results: list[SimResult], out_dir: str | Path, name: str = "sim") -> list[Path]:
+    """Write a JCT CDF and a utilisation-over-time plot; return their paths."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for r in results:
+        jct = np.sort(jct_values(r)) / 3600
+        if jct.size:
+            ax.plot(jct, np.arange(1, jct.size + 1) / jct.size, label=r.policy)
+    ax.set_xscale("log")
+    ax.set_xlabel("job completion time (hours)")
+    ax.set_ylabel("fraction of jobs")
+    ax.set_title("JCT CDF")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    cdf = out / f"{name}_jct_cdf.png"
+    fig.tight_layout()
+    fig.savefig(cdf, dpi=120)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for r in results:
+        t, used = _downsample(r.util_times, r.util_used, 2000)
+        ax.step(t / 3600, used / r.cluster.total_gpus, where="post", label=r.policy, lw=0.8)
+    ax.set_xlabel("time (hours)")
+    ax.set_ylabel("GPUs allocated (fraction)")
+    ax.set_ylim(0, 1.05)
+    ax.set_title("GPU utilisation over time")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    util = out / f"{name}_utilization.png"
+    fig.tight_layout()
+    fig.savefig(util, dpi=120)
+    plt.close(fig)
+    return [cdf, util]
+
+
+def _downsample(t: np.ndarray, v: np.ndarray, points: int) -> tuple[np.ndarray, np.ndarray]:
+    """Time-weighted averages over equal bins, so a long replay still plots quickly."""
+    if t.size <= points or t[-1] <= t[0]:
+        return t, v
+    edges = np.linspace(t[0], t[-1], points + 1)
+    dt = np.diff(np.append(t, t[-1]))
+    idx = np.clip(np.searchsorted(edges, t, side="right") - 1, 0, points - 1)
+    area = np.bincount(idx, weights=v * dt, minlength=points)
+    width = np.bincount(idx, weights=dt, minlength=points)
+    mean = np.divide(area, width, out=np.zeros(points), where=width > 0)
+    return edges[:-1], mean

@@ -1,0 +1,106 @@
+"""Placement: consolidation, rack locality, fractional best fit, and no over-commit ever."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from plinth.core import Allocation, Cluster, Node, Request, WorkerSlot
+from plinth.core.errors import SpecError
+from plinth.sched.placement import locality_factor, never_fits, place, place_and_allocate
+from plinth.sched.state import ClusterState
+
+
+def cluster(n=8, gpus=8, per_rack=4, model="V100") -> Cluster:
+    return Cluster(tuple(Node(f"n{i}", 64_000, 256_000, model, gpus, rack=f"r{i // per_rack}")
+                         for i in range(n)))
+
+
+def test_single_node_gang_goes_to_the_fullest_node_that_fits():
+    c = cluster(n=3)
+    s = ClusterState(c)
+    place_and_allocate(s, Request(gpus=1, workers=6))  # node 0 keeps 2 free
+    place_and_allocate(s, Request(gpus=1, workers=3))  # best fit: node 1 (8 free) -> 5 left
+    a = place(s, Request(gpus=1, workers=2))
+    assert a.nodes == (0,), "best fit picks the node with exactly 2 free GPUs"
+    assert locality_factor(c, a) == 1.0
+
+
+def test_spread_gang_stays_in_one_rack_and_uses_fewest_nodes():
+    c = cluster(n=8, per_rack=4)
+    s = ClusterState(c)
+    # Leave rack r0 with 4 + 4 + 4 + 4 free and rack r1 with 8 free on every node.
+    for n in range(4):
+        s.allocate(Allocation((WorkerSlot(n, tuple(range(8 * n, 8 * n + 4))),)), Request(gpus=4))
+    a = place(s, Request(gpus=1, workers=16))
+    assert a is not None
+    racks = {c.nodes[n].rack for n in a.nodes}
+    assert racks == {"r1"} and len(a.nodes) == 2
+    assert locality_factor(c, a) < 1.0
+
+
+def test_gang_is_all_or_nothing():
+    s = ClusterState(cluster(n=2))
+    before = s.gpu_free_milli.copy()
+    assert place(s, Request(gpus=1, workers=17)) is None
+    assert (s.gpu_free_milli == before).all()
+
+
+def test_fractional_best_fit_packs_onto_the_used_gpu_and_respects_memory():
+    c = cluster(n=1, gpus=2)
+    s = ClusterState(c)
+    a1 = place_and_allocate(s, Request(gpu_milli=500, gpu_memory_mib=20_000))
+    a2 = place_and_allocate(s, Request(gpu_milli=300, gpu_memory_mib=10_000))
+    assert a1.slots[0].gpus == a2.slots[0].gpus, "best fit shares the partly used GPU"
+    # 200 milli left on that GPU but only 2,768 MiB: a 4 GiB request must go elsewhere.
+    a3 = place_and_allocate(s, Request(gpu_milli=200, gpu_memory_mib=4_096))
+    assert a3.slots[0].gpus != a1.slots[0].gpus
+    s.check()
+
+
+def test_never_fits_names_the_reason():
+    c = cluster(n=2)
+    assert "cluster has 16" in never_fits(c, Request(gpus=1, workers=17))
+    assert "allowed model" in never_fits(c, Request(gpus=1, gpu_models=("A100",)))
+    assert never_fits(c, Request(gpus=8, workers=2)) is None
+
+
+def test_request_validation_names_the_field():
+    with pytest.raises(SpecError, match="request.workers"):
+        Request(gpus=1, workers=0)
+    with pytest.raises(SpecError, match="not both"):
+        Request(gpus=1, gpu_milli=500)
+    with pytest.raises(SpecError, match="request.gpus"):
+        Request(gpus=-1)
+
+
+requests = st.one_of(
+    st.builds(lambda g, w: Request(gpus=g, workers=w), st.sampled_from([1, 2, 4, 8]),
+              st.integers(1, 4)),
+    st.builds(lambda m, mem: Request(gpu_milli=m, gpu_memory_mib=mem),
+              st.integers(50, 950), st.integers(0, 20_000)),
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(ops=st.lists(st.tuples(requests, st.booleans()), min_size=1, max_size=60))
+def test_no_gpu_is_ever_over_committed(ops):
+    """Random placements and releases: SM share and memory stay within capacity, gangs are
+    whole, and the index always matches the arrays."""
+    s = ClusterState(cluster(n=4, gpus=4, per_rack=2))
+    live = []
+    for req, release in ops:
+        if release and live:
+            a, r = live.pop(0)
+            s.release(a, r)
+        else:
+            a = place_and_allocate(s, req)
+            if a is not None:
+                assert len(a.slots) == req.workers  # all or nothing
+                assert all(len(sl.gpus) == (req.gpus or 1) for sl in a.slots)
+                live.append((a, req))
+        s.check()
+    used = sum(a.gpu_milli_total for a, _ in live)
+    assert used == s.used_milli
+    assert (s.gpu_free_milli >= 0).all() and (s.gpu_free_mem >= 0).all()
+    np.testing.assert_array_equal(s.gpu_free_milli <= 1000, True)
