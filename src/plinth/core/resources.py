@@ -154,6 +154,16 @@ class Cluster:
         return np.array([ids.get(n.gpu_model, -1) if n.num_gpus else -1 for n in self.nodes])
 
     @cached_property
+    def node_model_list(self) -> list[int]:
+        """`node_model_id` as plain ints, for hot loops."""
+        return self.node_model_id.tolist()
+
+    @cached_property
+    def node_gpu_range(self) -> list[tuple[int, int]]:
+        """(first global GPU index, GPU count) per node, as plain ints."""
+        return [(int(f), n.num_gpus) for f, n in zip(self.node_first_gpu, self.nodes)]
+
+    @cached_property
     def node_rack_id(self) -> np.ndarray:
         ids = {r: i for i, r in enumerate(self.racks)}
         return np.array([ids[n.rack] for n in self.nodes])

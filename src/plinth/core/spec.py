@@ -60,7 +60,7 @@ def _canonical_model(name: str | None) -> str | None:
 
 
 class NodeGroupSpec(BaseModel):
-    """`count` identical nodes. Names are `name-000`, `name-001`, ... (just `name` when count is 1)."""
+    """`count` identical nodes, named `name-000`, `name-001`, ... (just `name` for one)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -192,7 +192,8 @@ def cluster_from_dict(data: Any, *, source: str = "cluster spec") -> Cluster:
     if data is None:
         raise SpecError(f"{source}: is empty; expected a mapping with a 'nodes' list")
     if not isinstance(data, dict):
-        raise SpecError(f"{source}: expected a mapping with a 'nodes' list, got {type(data).__name__}")
+        raise SpecError(f"{source}: expected a mapping with a 'nodes' list, "
+                        f"got {type(data).__name__}")
     try:
         spec = ClusterSpec.model_validate(data)
     except ValidationError as e:
@@ -226,7 +227,7 @@ def alibaba_node_list(path: str) -> Cluster:
     need = ("sn", "cpu_milli", "memory_mib", "gpu", "model")
     nodes: list[Node] = []
     try:
-        f = open(path, newline="", encoding="utf-8")
+        f = open(path, newline="", encoding="utf-8-sig")
     except OSError as e:
         raise SpecError(f"{path}: cannot read node list: {e.strerror}") from None
     with f:
@@ -248,7 +249,8 @@ def alibaba_node_list(path: str) -> Cluster:
                 try:
                     values[c] = int(float(text))
                 except ValueError:
-                    raise SpecError(f"{path}:{line}: {c}: expected an integer, got {text!r}") from None
+                    raise SpecError(f"{path}:{line}: {c}: expected an integer, "
+                                    f"got {text!r}") from None
                 if values[c] < 0:
                     raise SpecError(f"{path}:{line}: {c}: must be >= 0, got {text!r}")
             if values["gpu"] == 0:

@@ -117,10 +117,9 @@ def _model_order(cluster: Cluster, req: Request) -> list[str]:
 
 
 def _free_whole_gpus(state: ClusterState, n: int, count: int) -> list[int]:
-    first = int(state.cluster.node_first_gpu[n])
-    size = state.cluster.nodes[n].num_gpus
-    free = np.flatnonzero(state.gpu_free_milli[first:first + size] == MILLI)
-    return (free[:count] + first).tolist()
+    first, size = state.cluster.node_gpu_range[n]
+    row = state.gpu_free_milli[first:first + size].tolist()
+    return [first + i for i, free in enumerate(row) if free == MILLI][:count]
 
 
 def _whole_slots(state: ClusterState, req: Request, plan: list[tuple[int, int]]) -> Allocation:

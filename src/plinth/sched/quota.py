@@ -127,14 +127,17 @@ class QuotaBook:
             return Verdict(NO_QUOTA, f"Quota: this job asks for {gpus(milli)} GPUs, more than "
                                      f"{t.name} can ever hold ({gpus(t.nominal)} nominal + "
                                      f"{gpus(most)} it may borrow)")
-        idle = self.cohort_idle(t)
         now_text = f"{t.name} uses {gpus(t.gpu - freed)}/{gpus(t.nominal)} nominal GPUs"
         if t.limit is not None and borrow > t.limit:
             return Verdict(NO_QUOTA, f"Quota: {now_text}; this job ({gpus(milli)} GPUs) would "
                                      f"borrow {gpus(borrow)}, over its borrowing limit of "
                                      f"{gpus(t.limit)}")
-        if borrow > idle:
-            return Verdict(NO_QUOTA, f"Quota: {now_text} and cannot borrow {gpus(borrow)} "
-                                     f"(cohort {t.cohort} has {gpus(idle)} idle)")
+        # Say it as the user sees it: how much more it must borrow, and what is still idle
+        # once its own current borrowing is counted.
+        more = after - max(t.gpu - freed, t.nominal)
+        spare = max(0, self.cohort_idle(t) - max(0, t.gpu - freed - t.nominal))
+        if more > spare:
+            return Verdict(NO_QUOTA, f"Quota: {now_text} and cannot borrow {gpus(more)} more "
+                                     f"(cohort {t.cohort} has {gpus(spare)} idle)")
         return Verdict(BORROW, f"{t.name} borrowing {gpus(borrow)} GPUs from cohort {t.cohort} "
                                f"({gpus(after)}/{gpus(t.nominal)} nominal with this job)")

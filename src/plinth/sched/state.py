@@ -93,28 +93,40 @@ class ClusterState:
         self._failed.clear()
 
     def _apply(self, alloc: Allocation, req: Request, sign: int) -> None:
-        touched: dict[int, int] = {}
+        # Hot path: plain ints in, one numpy read and write per GPU.
+        fm, fmem = self.gpu_free_milli, self.gpu_free_mem
         for slot in alloc.slots:
             n = slot.node
-            self.node_free_cpu[n] += sign * req.cpus_milli
-            self.node_free_mem[n] += sign * req.memory_mib
-            self.used_milli -= sign * slot.milli * len(slot.gpus)
+            if req.cpus_milli:
+                self.node_free_cpu[n] += sign * req.cpus_milli
+            if req.memory_mib:
+                self.node_free_mem[n] += sign * req.memory_mib
+            if not slot.gpus:
+                continue
+            milli, gmem = sign * slot.milli, sign * slot.gpu_memory_mib
+            self.used_milli -= milli * len(slot.gpus)
+            whole = 0
             for g in slot.gpus:
-                before = self.gpu_free_milli[g] == MILLI
-                self.gpu_free_milli[g] += sign * slot.milli
-                self.gpu_free_mem[g] += sign * slot.gpu_memory_mib
-                after = self.gpu_free_milli[g] == MILLI
-                if before != after:
-                    touched[n] = touched.get(n, 0) + (1 if after else -1)
-                if self.gpu_free_milli[g] < 0 or self.gpu_free_mem[g] < 0:
+                old = int(fm[g])
+                new = old + milli
+                if new < 0:
                     raise AssertionError(f"GPU {g} over-committed by {alloc}")
-                if self.gpu_free_milli[g] > MILLI:
+                if new > MILLI:
                     raise AssertionError(f"GPU {g} released twice by {alloc}")
-        for n, delta in touched.items():
-            self._move_bucket(n, delta)
+                fm[g] = new
+                if gmem:
+                    fmem[g] += gmem
+                    if fmem[g] < 0:
+                        raise AssertionError(f"GPU {g} memory over-committed by {alloc}")
+                if old == MILLI:
+                    whole -= 1
+                elif new == MILLI:
+                    whole += 1
+            if whole:
+                self._move_bucket(n, whole)
 
     def _move_bucket(self, n: int, delta: int) -> None:
-        m = self.cluster.node_model_id[n]
+        m = self.cluster.node_model_list[n]
         old = int(self.node_free_whole[n])
         self.buckets[m][old].discard(n)
         self.node_free_whole[n] = old + delta

@@ -9,12 +9,15 @@ limit, a cohort and a weight (`TenantQuota`, see `plinth.sched.quota` for the bo
   its share and a tenant that arrives late is not stuck at zero. A tenant the configured quotas
   do not name has 0 nominal GPUs in cohort "default": it only runs on quota others leave idle.
 - Admission: repeatedly take the tenant with the lowest weighted dominant share (DRF over GPU,
-  CPU and memory) and try its next job. A job starts if it fits now and its tenant stays within
-  nominal, or may borrow (jobs beyond nominal are "borrowing").
+  CPU and memory) and try its next job; as in Kueue, tenants whose next job stays within their
+  nominal quota go before those whose next job would borrow. A job starts if it fits now and
+  its tenant stays within nominal, or may borrow (jobs beyond nominal are "borrowing").
 - Reclaim (Kueue's reclaimWithinCohort): a job that would keep its tenant within nominal but
   does not fit may preempt jobs of tenants in its cohort that are borrowing, the most-over-quota
   tenant first, each tenant's jobs in `victim_order` (lower priority, less unsaved work first).
-  A tenant at or below nominal is never a victim. Borrowing jobs never preempt anything.
+  A tenant at or below nominal is never a victim; jobs no larger than what a tenant borrows are
+  taken first, but when all its jobs are larger, one may take it below nominal (as in Kueue,
+  else the reclaiming tenant could never get its guarantee). Borrowing jobs never preempt.
 - `preempt_within_tenant` (off by default): a job may also preempt lower-priority jobs of its
   own tenant, to make room or to free the tenant's own quota (Kueue's withinClusterQueue).
 
@@ -90,14 +93,14 @@ class FairShare(Policy):
 
 
 def tenant_heads(pending: Sequence[JobState], depth: int) -> dict[str, list[JobState]]:
-    """Each tenant's first `depth` jobs, in queue order. `pending` is grouped by tenant (the
-    policy's order), so the rest of a tenant's jobs are skipped by binary search; a queue that
-    turns out not to be grouped is scanned in full instead."""
+    """Each tenant's first `depth` jobs, in queue order. `pending` is sorted by the policy's
+    order, so grouped by tenant, and the rest of a tenant's jobs are skipped by binary search.
+    A queue caught not grouped (tenants out of order at a group's edge) is scanned in full."""
     heads: dict[str, list[JobState]] = {}
-    n, i = len(pending), 0
+    n, i, last = len(pending), 0, None
     while i < n:
         t = pending[i].job.tenant
-        if t in heads:
+        if last is not None and t <= last:
             return _scan_heads(pending, depth)
         group = heads[t] = []
         while i < n and len(group) < depth and pending[i].job.tenant == t:
@@ -110,7 +113,11 @@ def tenant_heads(pending: Sequence[JobState], depth: int) -> dict[str, list[JobS
                 lo = mid + 1
             else:
                 hi = mid
-        i = max(i, lo)
+        # Cheap checks that catch a queue not sorted by `order` (say, in submit order): a
+        # short group must end where the search says, and the boundary must be t's.
+        if lo > i and (len(group) < depth or pending[lo - 1].job.tenant != t):
+            return _scan_heads(pending, depth)
+        i, last = max(i, lo), t
     return heads
 
 
@@ -162,13 +169,20 @@ class _Pass:
     def run(self, heads: dict[str, list[JobState]]) -> None:
         book, cursor = self.book, dict.fromkeys(heads, 0)
 
-        def line(names) -> list[tuple[float, str]]:
-            return [(book.share(book.tenant(t)), t) for t in names if cursor[t] < len(heads[t])]
+        def key(name: str) -> tuple[bool, float, str]:
+            # As Kueue orders its heads: a job within its tenant's nominal quota before any
+            # that would borrow (lending first and reclaiming at once would only thrash),
+            # then the lowest weighted dominant share, then the name for determinism.
+            t, req = book.tenant(name), heads[name][cursor[name]].job.request
+            return (t.gpu + req.gpu_milli_total > t.nominal, book.share(t), name)
+
+        def line(names) -> list[tuple[bool, float, str]]:
+            return [key(t) for t in names if cursor[t] < len(heads[t])]
 
         heap = line(heads)
         heapq.heapify(heap)
         while heap:
-            _, name = heapq.heappop(heap)  # the lowest weighted dominant share goes next
+            name = heapq.heappop(heap)[-1]
             jobs, i = heads[name], cursor[name]
             cursor[name] = i + 1
             preempts = len(self.d.preempts)
@@ -181,7 +195,7 @@ class _Pass:
                 heap = line(t for t in heads if t != name)
                 heapq.heapify(heap)
             if cursor[name] < len(jobs):
-                heapq.heappush(heap, (book.share(book.tenant(name)), name))
+                heapq.heappush(heap, key(name))
 
     # -- one job -----------------------------------------------------------------------------
     def admit(self, js: JobState) -> bool:

@@ -44,8 +44,10 @@ MIN_WAKE = 1e-3
 class PreemptionPlan:
     """One pass's plan: the scratch state after the starts and preemptions decided so far."""
 
-    def __init__(self, snap: Snapshot, now: float, d: Decisions, depth: int) -> None:
+    def __init__(self, snap: Snapshot, now: float, d: Decisions, depth: int,
+                 whom: str = "lower-priority job") -> None:
         self.snap, self.now, self.d = snap, now, d
+        self.whom = whom  # who may be preempted, for the reasons shown to users
         self.cfg = snap.config
         self.work = snap.state.copy()
         self.victims: dict[int, JobState] = {}
@@ -69,7 +71,7 @@ class PreemptionPlan:
         when it worked, else why not, in words for the user."""
         cands = [c for c in candidates if c.id not in self.victims and c.allocation is not None]
         if not cands:
-            return "no lower-priority job is running"
+            return f"no {self.whom} is running"
         if self.tries_left <= 0:
             return "preemption deferred to a later pass (per-pass limit reached)"
         self.tries_left -= 1
@@ -115,16 +117,16 @@ class PreemptionPlan:
                     if c.job.preemptible and c.preemptions < cfg.max_preemptions]
         protected = [c for c in eventual if not can_preempt(c, now, cfg)]
         if not protected:
-            return "preempting every eligible lower-priority job would not make room"
+            return f"preempting every eligible {self.whom} would not make room"
         scratch = self.work.copy()
         for c in eventual:
             scratch.release(c.allocation, c.job.request)  # type: ignore[arg-type]
         if place(scratch, js.job.request, cfg.placement) is None:
-            return "preempting every eligible lower-priority job would not make room"
+            return f"preempting every eligible {self.whom} would not make room"
         until = min((c.start_time if c.start_time is not None else now)
                     + guaranteed_runtime(c, cfg) for c in protected)
         self.wake = until if self.wake is None else min(self.wake, until)
-        return f"lower-priority jobs are inside their guaranteed runtime until t={until:.0f}s"
+        return f"a {self.whom} it needs is inside its guaranteed runtime until t={until:.0f}s"
 
 
 def find_victims(work: ClusterState, req: Request, candidates: Sequence[JobState], now: float,

@@ -50,7 +50,8 @@ class Tiresias(Policy):
                  starve_factor: float | None = 8.0, preempt_depth: int = 8) -> None:
         thr = tuple(float(t) for t in thresholds)
         if any(t <= 0 for t in thr) or any(b <= a for a, b in zip(thr, thr[1:])):
-            raise SpecError(f"tiresias.thresholds: must be positive and increasing, got {list(thr)}")
+            raise SpecError(
+                f"tiresias.thresholds: must be positive and increasing, got {list(thr)}")
         if starve_factor is not None and starve_factor < 0:
             raise SpecError(f"tiresias.starve_factor: must not be negative, got {starve_factor}")
         if preempt_depth < 0:
@@ -74,7 +75,7 @@ class Tiresias(Policy):
 
     def schedule(self, snap: Snapshot, now: float) -> Decisions:
         d = Decisions()
-        plan = PreemptionPlan(snap, now, d, self.preempt_depth)
+        plan = PreemptionPlan(snap, now, d, self.preempt_depth, whom="job in a lower queue")
         depth = snap.config.backfill_depth
 
         # Effective queue per waiting job: its own, or 0 while it is starving.
@@ -131,17 +132,20 @@ class Tiresias(Policy):
 
     def _next_demotion(self, plan: PreemptionPlan, waiting_q: dict[int, int]) -> float | None:
         """When the next running (or just started) job crosses its queue's threshold. Only
-        demotions below some waiting job's queue matter: only they make a job preemptible."""
+        demotions that can make a job a victim matter: below some waiting job's queue, of a
+        job that may be preempted at all."""
         if not waiting_q:
             return None
         best_waiting = min(waiting_q.values())
+        cap = plan.cfg.max_preemptions
         jobs = [js for i, js in plan.snap.running.items() if i not in plan.victims]
         jobs += [js for js, _ in plan.started]
         best: float | None = None
         for js in jobs:
             q = self.queue_of(js.attained)
             gpus = js.job.request.num_gpus
-            if q >= len(self.thresholds) or gpus <= 0 or best_waiting > q:
+            if (q >= len(self.thresholds) or gpus <= 0 or best_waiting > q
+                    or not js.job.preemptible or js.preemptions >= cap):
                 continue
             t = plan.now + (self.thresholds[q] - js.attained) / gpus
             best = t if best is None else min(best, t)

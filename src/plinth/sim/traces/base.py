@@ -9,6 +9,7 @@ pydantic): the real Philly trace has 82k rows.
 from __future__ import annotations
 
 import csv
+import io
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -51,31 +52,48 @@ class CsvRows:
     """Iterate `(line, row)` over a CSV with a header; `col[name]` is the column's index.
 
     Required columns must be in the header; optional ones map to -1 when absent, and `get`
-    returns "" for them, so loaders treat "absent" and "empty" alike.
+    returns "" for them, so loaders treat "absent" and "empty" alike. Rows must have every
+    header field, except with `short_rows`, where hand-written rows may stop once the required
+    columns are given (the rest read as empty).
     """
 
-    def __init__(self, path: str, required: Sequence[str], optional: Sequence[str] = ()) -> None:
+    def __init__(self, path: str, required: Sequence[str], optional: Sequence[str] = (),
+                 *, short_rows: bool = False) -> None:
         self.path = path
         try:
-            self._file = open(path, newline="", encoding="utf-8")
+            with open(path, "rb") as f:
+                data = f.read()
         except OSError as e:
             raise TraceError(path, 0, f"cannot read trace: {e.strerror}") from None
+        # Decoding the whole file at once (traces here are a few MB) lets a bad byte be reported
+        # at its line; utf-8-sig drops the byte-order mark that spreadsheet exports add.
+        try:
+            text = data.decode("utf-8-sig")
+        except UnicodeDecodeError as e:
+            raise TraceError(path, data.count(b"\n", 0, e.start) + 1, "not UTF-8 text") from None
+        self._file = io.StringIO(text, newline="")
         self._reader = csv.reader(self._file)
-        header = [h.strip() for h in next(self._reader, [])]
+        header = [h.strip() for h in self._next_or_fail([])]
         if not header:
-            self._file.close()
             raise TraceError(path, 1, f"empty file; expected a header with {','.join(required)}")
         missing = [c for c in required if c not in header]
         if missing:
-            self._file.close()
             raise TraceError(path, 1, f"missing required column {missing[0]!r} "
                                       f"(header has: {','.join(header)})")
-        self.width = len(header)
         self.col = {c: header.index(c) if c in header else -1 for c in (*required, *optional)}
+        self.width = 1 + max(self.col[c] for c in required) if short_rows else len(header)
+
+    def _next_or_fail(self, default: list[str]) -> list[str]:
+        """The next record; broken quoting or a NUL byte becomes a TraceError."""
+        try:
+            return next(self._reader, default)
+        except csv.Error as e:
+            raise TraceError(self.path, self._reader.line_num, f"bad CSV: {e}") from None
 
     def __iter__(self) -> Iterator[tuple[int, list[str]]]:
+        end: list[str] = []
         with self._file:
-            for row in self._reader:
+            while (row := self._next_or_fail(end)) is not end:
                 if not row or (len(row) == 1 and not row[0].strip()):
                     continue  # blank lines carry no job
                 line = self._reader.line_num
@@ -90,7 +108,7 @@ class CsvRows:
 
     @staticmethod
     def get(row: list[str], index: int) -> str:
-        return row[index].strip() if index >= 0 else ""
+        return row[index].strip() if 0 <= index < len(row) else ""
 
 
 def _bad(path: str, line: int, column: str, what: str, text: str) -> TraceError:
@@ -110,7 +128,7 @@ def parse_float(text: str, path: str, line: int, column: str, *, positive: bool 
 
 
 def parse_int(text: str, path: str, line: int, column: str, *, minimum: int = 0) -> int:
-    """An integer >= `minimum`. Integral floats such as ``4.0`` pass: trace exports often do that."""
+    """An integer >= `minimum`. Integral floats such as ``4.0`` pass: exports often write them."""
     what = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
     try:
         value = int(text)

@@ -1,7 +1,8 @@
 """Plinth's own generic CSV trace, for hand-written and generated workloads.
 
 Header required. Columns ``job_id,submit_time,duration,num_gpus`` are required; ``tenant``,
-``gpu_milli``, ``gpu_model`` and ``gpu_memory_mib`` are optional (absent or empty = default).
+``gpu_milli``, ``gpu_model`` and ``gpu_memory_mib`` are optional (absent from the header, empty,
+or left off the end of a row = default).
 
 - `submit_time` and `duration` are seconds; duration > 0. `job_id` becomes the job's name
   (ids are renumbered in submit order).
@@ -39,7 +40,7 @@ def _models(text: str, path: str, line: int) -> tuple[str, ...]:
 
 
 def load_csv(path: str) -> Trace:
-    rows = CsvRows(path, REQUIRED, OPTIONAL)
+    rows = CsvRows(path, REQUIRED, OPTIONAL, short_rows=True)
     col, get = rows.col, CsvRows.get
     requests: dict[tuple, Request] = {}
     raw: list[RawJob] = []

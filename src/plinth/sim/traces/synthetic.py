@@ -70,7 +70,7 @@ def synthetic_jobs(n: int, *, seed: int, load: float = 0.8, cluster_gpus: int = 
     jobs: list[Job] = []
     for i, (s, d, g, t, f, m, gm) in enumerate(zip(submit.tolist(), dur.tolist(), gpus.tolist(),
                                                    tenant.tolist(), is_frac.tolist(),
-                                                   milli.tolist(), gpu_mem.tolist())):
+                                                   milli.tolist(), gpu_mem.tolist(), strict=True)):
         key = (0, m, gm) if f else (g, 0, 0)
         req = requests.get(key)
         if req is None:

@@ -1,0 +1,362 @@
+"""Multi-tenant fair share (Kueue-style quotas ordered by DRF) on small hand-checked scenarios."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections import Counter
+
+import pytest
+
+from plinth.core.resources import Cluster, Node, Request, TenantQuota
+from plinth.core.workload import Job
+from plinth.sched.placement import place
+from plinth.sched.policies import make_policy
+from plinth.sched.policies.drf import FairShare, tenant_heads
+from plinth.sched.state import ClusterState
+from plinth.sched.types import Decisions, JobState, JobStatus, SchedConfig, Snapshot
+
+NOW = 10_000.0
+_ids = itertools.count(1)
+
+
+def make_cluster(nodes: int = 2, gpus: int = 8, cpus: int = 64_000,
+                 tenants: tuple[TenantQuota, ...] = ()) -> Cluster:
+    return Cluster(tuple(Node(f"n{i}", cpus, 512_000, "V100", gpus) for i in range(nodes)),
+                   tenants=tenants)
+
+
+def job(tenant: str, gpus: int = 1, cpus: int = 1000, submit: float | None = None,
+        priority: int = 0) -> Job:
+    i = next(_ids)
+    return Job(i, float(i) if submit is None else submit, 3600.0,
+               Request(gpus=gpus, cpus_milli=cpus, memory_mib=1000), tenant=tenant,
+               priority=priority)
+
+
+def snapshot(cluster: Cluster, policy: FairShare, pending: list[Job],
+             running: list[tuple[Job, float]] = (), cfg: SchedConfig | None = None) -> Snapshot:
+    """`running` holds (job, start time) pairs; they are placed in the order given."""
+    state = ClusterState(cluster)
+    run = {}
+    for j, started in running:
+        alloc = place(state, j.request)
+        assert alloc is not None, "scenario does not fit"
+        state.allocate(alloc, j.request)
+        run[j.id] = JobState(j, JobStatus.RUNNING, alloc, start_time=started,
+                             first_start=started, progress=NOW - started)
+    queue = sorted((JobState(j) for j in pending), key=policy.order)
+    return Snapshot(cluster, state, queue, run, cfg or SchedConfig())
+
+
+def apply(snap: Snapshot, d: Decisions) -> Counter:
+    """Apply the decisions to a copy as the owner would (preempts first, then starts), check
+    that nothing is over-committed, and return the GPUs each tenant then holds."""
+    jobs = {js.id: js.job for js in snap.pending} | {i: js.job for i, js in snap.running.items()}
+    work = snap.state.copy()
+    held = Counter()
+    for js in snap.running.values():
+        held[js.job.tenant] += js.job.request.num_gpus
+    for p in d.preempts:
+        js = snap.running[p.job_id]
+        work.release(js.allocation, js.job.request)
+        held[js.job.tenant] -= js.job.request.num_gpus
+    for s in d.starts:
+        work.allocate(s.allocation, jobs[s.job_id].request)
+        held[jobs[s.job_id].tenant] += jobs[s.job_id].request.num_gpus
+    work.check()
+    assert not {s.job_id for s in d.starts} & {p.job_id for p in d.preempts}
+    return held
+
+
+def quotas(**nominal: float) -> tuple[TenantQuota, ...]:
+    return tuple(TenantQuota(name, g) for name, g in nominal.items())
+
+
+# -- fairness --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("configured", [True, False], ids=["quotas", "derived"])
+def test_equal_quotas_get_equal_gpus_under_contention(configured: bool) -> None:
+    cluster = make_cluster(tenants=quotas(a=8, b=8) if configured else ())
+    pol = FairShare()
+    # a submitted all its jobs first: FIFO would give it the whole cluster.
+    pending = [job("a") for _ in range(20)] + [job("b") for _ in range(20)]
+    snap = snapshot(cluster, pol, pending)
+    d = pol.schedule(snap, NOW)
+    assert apply(snap, d) == {"a": 8, "b": 8}
+    assert not d.preempts
+    waiting = [why for why in d.waiting.values()]
+    assert waiting and all(w.startswith("Quota: ") for w in waiting)
+    assert "a uses 8/8 nominal GPUs and cannot borrow 1 more (cohort default has 0 idle)" \
+        in d.waiting[snap.pending[8].id]
+
+
+def test_idle_tenant_quota_is_lent() -> None:
+    cluster = make_cluster(tenants=quotas(a=8, b=8))
+    pol = FairShare()
+    snap = snapshot(cluster, pol, [job("a") for _ in range(20)])
+    d = pol.schedule(snap, NOW)
+    assert apply(snap, d) == {"a": 16}
+    reasons = [s.reason for s in d.starts]
+    assert sum(r.startswith("Admitted: a within nominal quota") for r in reasons) == 8
+    assert sum(r.startswith("Admitted (borrowing): a borrowing") for r in reasons) == 8
+    assert "a borrowing 8 GPUs from cohort default (16/8 nominal with this job)" in reasons[-1]
+
+
+def test_idle_tenant_submits_and_reclaims_its_quota() -> None:
+    cluster = make_cluster(tenants=quotas(a=8, b=8))
+    pol = FairShare()
+    running = [(job("a"), 0.0) for _ in range(16)]  # a borrows all of b's quota
+    snap = snapshot(cluster, pol, [job("b") for _ in range(12)], running)
+    d = pol.schedule(snap, NOW)
+    held = apply(snap, d)
+    # b gets exactly its nominal quota back; a keeps its own and is never pushed below it.
+    assert held == {"a": 8, "b": 8}
+    assert len(d.preempts) == 8
+    # Each reason states a's borrowing at the moment of that preemption.
+    assert d.preempts[0].reason == "Reclaimed by b: a was borrowing 8 GPUs (16/8 nominal)"
+    assert d.preempts[-1].reason == "Reclaimed by b: a was borrowing 1 GPUs (9/8 nominal)"
+    assert all("b reclaimed its nominal quota from a" in s.reason for s in d.starts)
+    for why in d.waiting.values():  # b's jobs beyond its nominal quota wait for quota
+        assert why == "Quota: b uses 8/8 nominal GPUs and cannot borrow 1 more " \
+                      "(cohort default has 0 idle)"
+    assert len(d.waiting) == 4
+
+
+def test_reclaim_prefers_victims_with_least_unsaved_work() -> None:
+    cluster = make_cluster(nodes=1, tenants=quotas(a=4, b=4))
+    pol = FairShare()
+    running = [(job("a"), 0.0) for _ in range(8)]
+    snap = snapshot(cluster, pol, [job("b")], running)
+    ids = sorted(snap.running)
+    for i, jid in enumerate(ids):  # every job but one saved a checkpoint a while ago
+        snap.running[jid].checkpointed = snap.running[jid].progress - (100 + i)
+    snap.running[ids[5]].checkpointed = snap.running[ids[5]].progress - 1
+    d = pol.schedule(snap, NOW)
+    assert [p.job_id for p in d.preempts] == [ids[5]]
+    apply(snap, d)
+
+
+def test_never_preempts_a_tenant_within_its_quota() -> None:
+    # c holds its 8 nominal GPUs and a borrows 4; b (nominal 4) only reclaims from a.
+    cluster = make_cluster(nodes=2, tenants=quotas(a=4, b=4, c=8))
+    pol = FairShare()
+    running = [(job("c"), 0.0) for _ in range(8)] + [(job("a"), 0.0) for _ in range(8)]
+    snap = snapshot(cluster, pol, [job("b") for _ in range(6)], running)
+    d = pol.schedule(snap, NOW)
+    assert {snap.running[p.job_id].job.tenant for p in d.preempts} == {"a"}
+    assert apply(snap, d) == {"a": 4, "b": 4, "c": 8}
+
+
+def test_reclaim_takes_from_the_most_over_quota_tenant_first() -> None:
+    cluster = make_cluster(nodes=2, tenants=quotas(a=4, b=4, c=8))
+    pol = FairShare()
+    running = [(job("a"), 0.0) for _ in range(10)] + [(job("b"), 0.0) for _ in range(6)]
+    snap = snapshot(cluster, pol, [job("c") for _ in range(6)], running)
+    d = pol.schedule(snap, NOW)
+    # a borrows 6 and b 2: a gives until both borrow the same, then they alternate.
+    assert apply(snap, d) == {"a": 5, "b": 5, "c": 6}
+
+
+def test_borrowing_limit_is_honoured() -> None:
+    cluster = make_cluster(tenants=(TenantQuota("a", 8, borrowing_limit=4), TenantQuota("b", 8)))
+    pol = FairShare()
+    snap = snapshot(cluster, pol, [job("a") for _ in range(20)])
+    d = pol.schedule(snap, NOW)
+    assert apply(snap, d) == {"a": 12}
+    assert d.waiting[snap.pending[12].id] == (
+        "Quota: a uses 12/8 nominal GPUs; this job (1 GPUs) would borrow 5, "
+        "over its borrowing limit of 4")
+
+
+def test_job_larger_than_any_quota_says_it_can_never_run() -> None:
+    cluster = make_cluster(tenants=(TenantQuota("a", 4, borrowing_limit=2), TenantQuota("b", 12)))
+    pol = FairShare()
+    snap = snapshot(cluster, pol, [job("a", gpus=8)])
+    d = pol.schedule(snap, NOW)
+    assert not d.starts
+    assert "more than a can ever hold (4 nominal + 2 it may borrow)" in d.waiting[snap.pending[0].id]
+
+
+def test_drf_picks_lowest_dominant_share_including_cpu() -> None:
+    # a holds 1 GPU but 48 of 64 CPUs (dominant share 0.75); b holds 3 GPUs (0.375).
+    # 12 CPUs are free: only one of the two 10-CPU jobs fits, and DRF gives it to b.
+    cluster = make_cluster(nodes=1, tenants=quotas(a=4, b=4))
+    pol = FairShare()
+    running = [(job("a", gpus=1, cpus=48_000), 0.0), (job("b", gpus=3, cpus=4000), 0.0)]
+    ja, jb = job("a", cpus=10_000), job("b", cpus=10_000)
+    snap = snapshot(cluster, pol, [ja, jb], running)
+    d = pol.schedule(snap, NOW)
+    assert [s.job_id for s in d.starts] == [jb.id]
+    assert d.waiting[ja.id].startswith("Resources: 1 GPUs not free; a is within nominal quota "
+                                       "(2/4 GPUs with this job); no other tenant in cohort "
+                                       "default is borrowing")
+    apply(snap, d)
+
+
+def test_weights_split_borrowed_quota() -> None:
+    # c is idle; a (weight 2) and b (weight 1) share c's 4 GPUs by weighted dominant share.
+    cluster = make_cluster(nodes=3, gpus=4, tenants=(
+        TenantQuota("a", 4, weight=2.0), TenantQuota("b", 4), TenantQuota("c", 4)))
+    pol = FairShare()
+    snap = snapshot(cluster, pol, [job("a") for _ in range(12)] + [job("b") for _ in range(12)])
+    d = pol.schedule(snap, NOW)
+    assert apply(snap, d) == {"a": 8, "b": 4}
+
+
+def test_within_nominal_goes_before_a_lower_share_borrower() -> None:
+    # b has the lower dominant share but would borrow; a's job is within its nominal quota.
+    cluster = make_cluster(nodes=1, tenants=quotas(a=4, b=4))
+    pol = FairShare()
+    running = [(job("a", gpus=3, cpus=40_000), 0.0), (job("b", gpus=4), 0.0)]
+    ja, jb = job("a"), job("b")
+    d = pol.schedule(snapshot(cluster, pol, [jb, ja], running), NOW)
+    assert [s.job_id for s in d.starts] == [ja.id]
+    assert d.waiting[jb.id].startswith("Quota: b uses 4/4 nominal GPUs and cannot borrow 1 more")
+
+
+# -- preemption guards -----------------------------------------------------------------------
+
+def test_reclaim_honours_min_runtime() -> None:
+    cluster = make_cluster(tenants=quotas(a=8, b=8))
+    pol = FairShare()
+    cfg = SchedConfig(min_runtime=300.0)
+    running = [(job("a"), NOW - 100.0) for _ in range(16)]
+    snap = snapshot(cluster, pol, [job("b") for _ in range(4)], running, cfg)
+    d = pol.schedule(snap, NOW)
+    assert not d.starts and not d.preempts
+    assert d.wake_at == NOW + 200.0  # call again when a's jobs may be preempted
+    why = d.waiting[snap.pending[0].id]
+    assert "b is within nominal quota (1/8 GPUs with this job)" in why
+    assert f"reclaim from a waits for their jobs' minimum runtime (until t={NOW + 200:.0f}s)" in why
+    # Once the minimum runtime has passed, the same snapshot reclaims.
+    d = pol.schedule(snap, NOW + 200.0)
+    assert len(d.preempts) == 4 and len(d.starts) == 4
+    apply(snap, d)
+
+
+def test_non_preemptible_jobs_are_not_reclaimed() -> None:
+    cluster = make_cluster(nodes=1, tenants=quotas(a=4, b=4))
+    pol = FairShare()
+    running = [(job("a"), 0.0) for _ in range(8)]
+    snap = snapshot(cluster, pol, [job("b")], running)
+    for js in snap.running.values():
+        js.job.preemptible = False
+    d = pol.schedule(snap, NOW)
+    assert not d.preempts and not d.starts and d.wake_at is None
+    assert "would not make room" in d.waiting[snap.pending[0].id]
+
+
+def test_borrowing_job_never_preempts() -> None:
+    # Quotas add up to more than the cluster: b lends quota that has no free GPU behind it.
+    cluster = make_cluster(nodes=1, tenants=quotas(a=4, b=8))
+    pol = FairShare()
+    running = [(job("a"), 0.0) for _ in range(4)] + [(job("b"), 0.0) for _ in range(4)]
+    snap = snapshot(cluster, pol, [job("a")], running)
+    d = pol.schedule(snap, NOW)
+    assert not d.preempts and not d.starts
+    assert "a borrowing job never preempts" in d.waiting[snap.pending[0].id]
+
+
+def test_reclaim_counts_gpus_that_are_already_free() -> None:
+    # 2 GPUs are free and a borrows 2: b's 4-GPU job needs both the free GPUs and a's.
+    cluster = make_cluster(nodes=1, tenants=quotas(a=2, b=6))
+    pol = FairShare()
+    snap = snapshot(cluster, pol, [job("b", gpus=4)], [(job("a"), 0.0) for _ in range(4)]
+                    + [(job("b"), 0.0) for _ in range(2)])
+    d = pol.schedule(snap, NOW)
+    assert len(d.preempts) == 2 and len(d.starts) == 1
+    assert apply(snap, d) == {"a": 2, "b": 6}
+
+
+def test_preemption_within_tenant_by_priority() -> None:
+    cluster = make_cluster(nodes=1, tenants=quotas(a=4, b=4))
+    running = [(job("a", priority=0), 0.0) for _ in range(4)] + \
+        [(job("b", priority=0), 0.0) for _ in range(4)]
+    urgent = job("a", gpus=2, priority=5)
+    off = FairShare()
+    d = off.schedule(snapshot(cluster, off, [urgent], running), NOW)
+    assert not d.preempts and not d.starts
+    on = FairShare(preempt_within_tenant=True)
+    snap = snapshot(cluster, on, [urgent], running)
+    d = on.schedule(snap, NOW)
+    assert {snap.running[p.job_id].job.tenant for p in d.preempts} == {"a"}
+    assert len(d.preempts) == 2 and [s.job_id for s in d.starts] == [urgent.id]
+    assert d.preempts[0].reason == f"Preempted by job {urgent.id} of a: priority 5 over 0"
+    assert apply(snap, d) == {"a": 4, "b": 4}
+
+
+# -- tenants and the queue -------------------------------------------------------------------
+
+def test_unknown_tenant_only_borrows() -> None:
+    cluster = make_cluster(tenants=quotas(a=8, b=8))
+    pol = FairShare()
+    running = [(job("a"), 0.0) for _ in range(4)]
+    snap = snapshot(cluster, pol, [job("x") for _ in range(20)], running)
+    d = pol.schedule(snap, NOW)
+    assert apply(snap, d) == {"a": 4, "x": 12}  # everything a and b leave idle, no more
+    assert all(s.reason.startswith("Admitted (borrowing): x borrowing") for s in d.starts)
+    assert "Quota: x uses 12/0 nominal GPUs and cannot borrow 1 more" in d.waiting[
+        snap.pending[12].id]
+
+
+def test_derived_quotas_grow_with_new_tenants() -> None:
+    cluster = make_cluster()
+    pol = make_policy("drf")
+    assert isinstance(pol, FairShare)
+    pol.schedule(snapshot(cluster, pol, [job("a")]), NOW)
+    assert [(q.name, q.nominal_gpus) for q in pol.quotas_for(cluster, set())] == [("a", 16)]
+    pol.schedule(snapshot(cluster, pol, [job("b")]), NOW)
+    assert [(q.name, q.nominal_gpus) for q in pol.quotas_for(cluster, set())] == \
+        [("a", 8), ("b", 8)]
+
+
+def test_tenant_heads_bounded_and_grouped() -> None:
+    pol = FairShare(depth=3)
+    cluster = make_cluster()
+    snap = snapshot(cluster, pol, [job(t) for t in "abcab" * 10])
+    heads = tenant_heads(snap.pending, 3)
+    assert {t: len(v) for t, v in heads.items()} == {"a": 3, "b": 3, "c": 3}
+    assert heads["a"] == [js for js in snap.pending if js.job.tenant == "a"][:3]
+    # A queue that is not grouped by tenant is still read correctly, by a full scan.
+    ungrouped = sorted(snap.pending, key=lambda js: js.id)
+    assert tenant_heads(ungrouped, 3) == heads
+
+
+def test_strict_fifo_blocks_behind_the_head() -> None:
+    cluster = make_cluster(nodes=1, tenants=quotas(a=8))
+    pol = FairShare(strict_fifo=True)
+    running = [(job("a", gpus=4), 0.0)]
+    big, small = job("a", gpus=8), job("a", gpus=1)
+    d = pol.schedule(snapshot(cluster, pol, [big, small], running), NOW)
+    assert not d.starts and d.waiting[small.id] == f"Queue: behind job {big.id} of a (strict FIFO)"
+    best = FairShare()
+    d = best.schedule(snapshot(cluster, best, [big, small], running), NOW)
+    assert [s.job_id for s in d.starts] == [small.id]
+
+
+def test_snapshot_is_left_unchanged() -> None:
+    cluster = make_cluster(tenants=quotas(a=8, b=8))
+    pol = FairShare()
+    snap = snapshot(cluster, pol, [job("b") for _ in range(4)],
+                    [(job("a"), 0.0) for _ in range(16)])
+    before = snap.state.gpu_free_milli.copy()
+    pol.schedule(snap, NOW)
+    assert (snap.state.gpu_free_milli == before).all()
+
+
+def test_big_queue_pass_completes() -> None:
+    """20k pending jobs from 5 tenants on 512 GPUs, half of them busy."""
+    names = [f"team-{i}" for i in range(5)]
+    cluster = make_cluster(nodes=64, tenants=tuple(TenantQuota(n, 512 / 5) for n in names))
+    pol = FairShare()
+    running = [(job(names[i % 2], gpus=1 + i % 4), 0.0) for i in range(100)]
+    pending = [job(names[i % 5], gpus=(1, 1, 2, 4, 8)[i % 5]) for i in range(20_000)]
+    snap = snapshot(cluster, pol, pending, running)
+    t0 = time.perf_counter()
+    d = pol.schedule(snap, NOW)
+    elapsed = time.perf_counter() - t0
+    held = apply(snap, d)
+    assert sum(held.values()) <= 512 and d.starts
+    assert len(d.waiting) + len(d.starts) <= 5 * pol.depth
+    print(f"drf pass over 20k pending: {elapsed * 1000:.1f} ms, {len(d.starts)} starts")

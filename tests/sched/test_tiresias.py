@@ -1,0 +1,209 @@
+"""Tiresias discretised 2D-LAS, on hand-checked one- and two-node clusters."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from plinth.core.errors import SpecError
+from plinth.core.resources import Cluster, Node, Request
+from plinth.core.workload import Job
+from plinth.sched.placement import place_and_allocate
+from plinth.sched.policies import make_policy
+from plinth.sched.policies.tiresias import Tiresias
+from plinth.sched.state import ClusterState
+from plinth.sched.types import Decisions, JobState, JobStatus, SchedConfig, Snapshot
+
+NOW = 100_000.0
+
+
+def make_cluster(nodes: int = 1, gpus: int = 4) -> Cluster:
+    return Cluster(tuple(Node(f"n{i}", 64_000, 256_000, "V100", gpus) for i in range(nodes)))
+
+
+def make_job(jid: int, gpus: int, *, submit: float = 0.0, preemptible: bool = True) -> Job:
+    return Job(jid, submit, 86_400.0, Request(gpus=gpus), preemptible=preemptible)
+
+
+def pending(job: Job, *, attained: float = 0.0, executed: float | None = None,
+            since: float | None = None) -> JobState:
+    gpus = job.request.num_gpus
+    return JobState(job, attained=attained,
+                    executed=attained / gpus if executed is None else executed,
+                    pending_since=job.submit_time if since is None else since)
+
+
+def running(state: ClusterState, job: Job, *, attained: float = 0.0, start: float = 0.0,
+            **kw) -> JobState:
+    js = JobState(job, status=JobStatus.RUNNING, start_time=start, first_start=start,
+                  attained=attained, executed=attained / job.request.num_gpus, **kw)
+    js.allocation = place_and_allocate(state, job.request)
+    assert js.allocation is not None, "test setup: running job does not fit"
+    return js
+
+
+def snapshot(policy, cluster, state, waiting, run, config=SchedConfig()) -> Snapshot:
+    return Snapshot(cluster, state, sorted(waiting, key=policy.order),
+                    {js.id: js for js in run}, config)
+
+
+def apply(snap: Snapshot, d: Decisions) -> ClusterState:
+    """Apply decisions as the owner does (preempts first, then starts) and check invariants."""
+    ids = [p.job_id for p in d.preempts]
+    assert len(ids) == len(set(ids)) and set(ids) <= set(snap.running)
+    starts = [s.job_id for s in d.starts]
+    assert len(starts) == len(set(starts)) and set(starts) <= {js.id for js in snap.pending}
+    assert not set(starts) & set(d.waiting)
+    st = snap.state.copy()
+    for p in d.preempts:
+        js = snap.running[p.job_id]
+        st.release(js.allocation, js.job.request)
+    by_id = {js.id: js for js in snap.pending}
+    for s in d.starts:
+        st.allocate(s.allocation, by_id[s.job_id].job.request)
+    st.check()
+    return st
+
+
+def setup(nodes=1, gpus=4, **options):
+    cl = make_cluster(nodes, gpus)
+    return cl, ClusterState(cl), Tiresias(**options)
+
+
+def test_queue_index_and_order():
+    pol = Tiresias()  # thresholds 3600 and 36000 GPU-seconds
+    assert [pol.queue_of(a) for a in (0, 3599.9, 3600, 35_999, 36_000, 1e9)] == [0, 0, 1, 1, 2, 2]
+    old_big = pending(make_job(1, 4, submit=0), attained=40_000)
+    mid = pending(make_job(2, 1, submit=5), attained=5_000)
+    new = pending(make_job(3, 8, submit=9))
+    assert [js.id for js in sorted([old_big, mid, new], key=pol.order)] == [3, 2, 1]
+    assert isinstance(make_policy("tiresias", thresholds=[10, 20]), Tiresias)
+    with pytest.raises(SpecError, match="thresholds"):
+        Tiresias(thresholds=[100, 50])
+
+
+def test_lower_queue_first_and_work_conserving():
+    cl, st, pol = setup(starve_factor=None)
+    busy = running(st, make_job(1, 1, submit=0), attained=100, start=NOW - 100)
+    served = pending(make_job(2, 1, submit=10), attained=5_000)  # queue 1
+    fresh = pending(make_job(3, 2, submit=50))  # queue 0
+    huge = pending(make_job(4, 4, submit=20))  # queue 0, does not fit: must not block
+    snap = snapshot(pol, cl, st, [served, fresh, huge], [busy])
+    d = pol.schedule(snap, NOW)
+    assert [s.job_id for s in d.starts] == [3, 2]
+    assert d.starts[0].reason == "tiresias: queue 0"
+    assert "queue 0" in d.waiting[4] and not d.preempts  # busy is in queue 0 too
+    apply(snap, d)
+
+
+def test_preempts_a_job_in_a_lower_queue_for_a_new_job():
+    cl, st, pol = setup()
+    long = running(st, make_job(1, 4), attained=40_000)  # queue 2
+    new = pending(make_job(7, 2, submit=NOW))
+    snap = snapshot(pol, cl, st, [new], [long])
+    d = pol.schedule(snap, NOW)
+    assert [p.job_id for p in d.preempts] == [1]
+    assert d.preempts[0].reason.startswith("preempted by job 7 (queue 0 < queue 2")
+    assert [s.job_id for s in d.starts] == [7]
+    apply(snap, d)
+
+
+def test_most_served_queue_is_preempted_first_never_the_same_queue():
+    cl, st, pol = setup()
+    q1 = running(st, make_job(1, 2), attained=5_000)
+    q2 = running(st, make_job(2, 2), attained=50_000)
+    snap = snapshot(pol, cl, st, [pending(make_job(3, 2, submit=NOW))], [q1, q2])
+    d = pol.schedule(snap, NOW)
+    assert [p.job_id for p in d.preempts] == [2]
+
+    cl, st, pol = setup()
+    peer = running(st, make_job(1, 4), attained=10)  # queue 0, like the newcomer
+    d = pol.schedule(snapshot(pol, cl, st, [pending(make_job(2, 2, submit=NOW))], [peer]), NOW)
+    assert not d.preempts and "no running job is in a lower queue" in d.waiting[2]
+
+
+def test_respects_guaranteed_runtime_and_non_preemptible_jobs():
+    cl, st, pol = setup(nodes=2)
+    young = running(st, make_job(1, 4), attained=40_000, start=NOW - 100)
+    pinned = running(st, make_job(2, 4, preemptible=False), attained=40_000)
+    snap = snapshot(pol, cl, st, [pending(make_job(3, 4, submit=NOW))], [young, pinned])
+    d = pol.schedule(snap, NOW)
+    assert not d.preempts and not d.starts
+    assert "guaranteed runtime" in d.waiting[3]
+    assert d.wake_at == pytest.approx(NOW + 200)  # min_runtime 300 s ends then
+
+
+def test_demotion_wake_at_is_the_earliest_threshold_crossing():
+    cl, st, pol = setup(nodes=2, thresholds=(3600, 36_000))
+    a = running(st, make_job(1, 2), attained=1_000)  # crosses 3600 in 2600/2 = 1300 s
+    b = running(st, make_job(2, 2), attained=2_000)  # crosses 3600 in 1600/2 = 800 s
+    # c crosses first (600/4 = 150 s) but can never be a victim, so it does not count.
+    c = running(st, make_job(3, 4, preemptible=False), attained=3_000)
+    wait = pending(make_job(4, 4, submit=NOW))  # queue 0, cannot preempt queue-0 jobs
+    snap = snapshot(pol, cl, st, [wait], [a, b, c])
+    d = pol.schedule(snap, NOW)
+    assert not d.starts and not d.preempts
+    assert d.wake_at == pytest.approx(NOW + 800)
+    # Without anyone waiting, a demotion changes nothing: no wake-up.
+    d = pol.schedule(snapshot(pol, cl, st, [], [a, b, c]), NOW)
+    assert d.wake_at is None
+
+
+def test_demotion_wake_counts_jobs_started_this_pass():
+    cl, st, pol = setup(thresholds=(1000, 5000), starve_factor=None)
+    holder = running(st, make_job(1, 2), attained=10)  # crosses 1000 in 990/2 = 495 s
+    starter = pending(make_job(2, 2, submit=1), attained=900)  # crosses in 100/2 = 50 s
+    blocked = pending(make_job(3, 4, submit=2))
+    snap = snapshot(pol, cl, st, [starter, blocked], [holder])
+    d = pol.schedule(snap, NOW)
+    assert [s.job_id for s in d.starts] == [2]
+    assert d.wake_at == pytest.approx(NOW + 50)
+
+
+def test_starving_job_is_promoted_and_preempts():
+    cl, st, pol = setup(starve_factor=8.0)
+    hog = running(st, make_job(1, 4), attained=5_000)  # queue 1
+    # Queue 1 too; ran 1000 s on 4 GPUs, pending since t=1000: promoted at 1000 + 8 * 1000.
+    starved = pending(make_job(2, 4, submit=0), attained=4_000, since=1_000)
+    before = snapshot(pol, cl, st, [starved], [hog])
+    d = pol.schedule(before, 8_000)
+    assert not d.preempts
+    assert d.wake_at == pytest.approx(9_000)  # promotion, before hog's demotion at 15 750
+    d = pol.schedule(before, 9_000)
+    assert [p.job_id for p in d.preempts] == [1]
+    assert "promoted from queue 1" in d.starts[0].reason
+    apply(before, d)
+
+
+def test_starvation_guard_ignores_jobs_that_never_ran_and_can_be_off():
+    pol = Tiresias()
+    assert pol.starve_limit(pending(make_job(1, 4), attained=0)) is None
+    off = Tiresias(starve_factor=None)
+    assert off.starve_limit(pending(make_job(1, 4), attained=9_000, since=0)) is None
+
+
+def test_random_worlds_never_over_commit_or_preempt_same_queue():
+    rng = random.Random(11)
+    for _ in range(300):
+        cl, st, pol = setup(nodes=2, gpus=4, thresholds=(500, 5_000))
+        run, jid = [], 0
+        for _ in range(rng.randint(0, 6)):
+            jid += 1
+            job = make_job(jid, rng.choice([1, 2, 4]), preemptible=rng.random() < 0.8)
+            if st.whole_free_gpus() >= job.request.gpus:
+                js = running(st, job, attained=rng.choice([0, 100, 1_000, 9_000]),
+                             start=NOW - rng.choice([50, 500, 5_000]))
+                run.append(js)
+        waiting = [pending(make_job(jid + k, rng.choice([1, 2, 4, 8]), submit=NOW - k),
+                           attained=rng.choice([0, 0, 600, 6_000]),
+                           since=NOW - rng.choice([10, 10_000, 100_000]))
+                   for k in range(1, rng.randint(1, 6))]
+        snap = snapshot(pol, cl, st, waiting, run)
+        d = pol.schedule(snap, NOW)
+        apply(snap, d)
+        if d.preempts:
+            best = min(0 if "promoted" in s.reason else pol.queue_of(
+                next(js for js in waiting if js.id == s.job_id).attained) for s in d.starts)
+            assert all(pol.queue_of(snap.running[p.job_id].attained) > best for p in d.preempts)
+        assert d.wake_at is None or d.wake_at > NOW
