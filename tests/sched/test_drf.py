@@ -12,7 +12,7 @@ from plinth.core.resources import Cluster, Node, Request, TenantQuota
 from plinth.core.workload import Job
 from plinth.sched.placement import place
 from plinth.sched.policies import make_policy
-from plinth.sched.policies.drf import FairShare, tenant_heads
+from plinth.sched.policies.drf import FairShare, tenant_queues
 from plinth.sched.state import ClusterState
 from plinth.sched.types import Decisions, JobState, JobStatus, SchedConfig, Snapshot
 
@@ -311,16 +311,31 @@ def test_derived_quotas_grow_with_new_tenants() -> None:
         [("a", 8), ("b", 8)]
 
 
-def test_tenant_heads_bounded_and_grouped() -> None:
-    pol = FairShare(depth=3)
-    cluster = make_cluster()
-    snap = snapshot(cluster, pol, [job(t) for t in "abcab" * 10])
-    heads = tenant_heads(snap.pending, 3)
-    assert {t: len(v) for t, v in heads.items()} == {"a": 3, "b": 3, "c": 3}
-    assert heads["a"] == [js for js in snap.pending if js.job.tenant == "a"][:3]
-    # A queue that is not grouped by tenant is still read correctly, by a full scan.
+def test_tenant_queues_are_views_of_the_grouped_queue() -> None:
+    pol = FairShare()
+    snap = snapshot(make_cluster(), pol, [job(t) for t in "abcab" * 10])
+    queues = tenant_queues(snap.pending)
+    by_tenant = {t: [js for js in snap.pending if js.job.tenant == t] for t in "abc"}
+    assert {t: list(q) for t, q in queues.items()} == by_tenant
+    # A queue that is not grouped by tenant is still split correctly, by a full scan.
     ungrouped = sorted(snap.pending, key=lambda js: js.id)
-    assert tenant_heads(ungrouped, 3) == heads
+    assert {t: list(q) for t, q in tenant_queues(ungrouped).items()} == by_tenant
+
+
+def test_waiting_jobs_examined_per_tenant_are_bounded() -> None:
+    cluster = make_cluster(nodes=1, tenants=quotas(a=4, b=4))
+    pol = FairShare(depth=3)
+    # a's jobs differ (by priority), so each waiting one costs a quota check: 3 are examined.
+    # b's are alike, so after the first, each costs a look-up: backfill_depth are examined.
+    snap = snapshot(cluster, pol, [job("a", gpus=2, priority=-k) for k in range(10)]
+                    + [job("b", gpus=8) for _ in range(10)], cfg=SchedConfig(backfill_depth=5))
+    d = pol.schedule(snap, NOW)
+    # a starts 2 jobs within quota and borrows b's idle 4 GPUs for 2 more; b's 8-GPU jobs
+    # would borrow the 4 that a now uses.
+    assert len(d.starts) == 4
+    tenant = {js.id: js.job.tenant for js in snap.pending}
+    assert Counter(tenant[j] for j in d.waiting) == {"a": 3, "b": 5}
+    assert len(set(why for j, why in d.waiting.items() if tenant[j] == "b")) == 1
 
 
 def test_strict_fifo_blocks_behind_the_head() -> None:
@@ -358,5 +373,5 @@ def test_big_queue_pass_completes() -> None:
     elapsed = time.perf_counter() - t0
     held = apply(snap, d)
     assert sum(held.values()) <= 512 and d.starts
-    assert len(d.waiting) + len(d.starts) <= 5 * pol.depth
+    assert len(d.waiting) <= 5 * snap.config.backfill_depth
     print(f"drf pass over 20k pending: {elapsed * 1000:.1f} ms, {len(d.starts)} starts")

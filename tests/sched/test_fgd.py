@@ -10,7 +10,11 @@ from plinth.core import Allocation, Cluster, Node, Request, WorkerSlot
 from plinth.core.errors import SpecError
 from plinth.core.resources import MILLI
 from plinth.sched.fgd import (
-    WorkloadProfile, choose_gpu, choose_node, cluster_fragmentation, node_fragmentation,
+    WorkloadProfile,
+    choose_gpu,
+    choose_node,
+    cluster_fragmentation,
+    node_fragmentation,
     place_pod,
 )
 from plinth.sched.placement import PlacementConfig, place, place_and_allocate

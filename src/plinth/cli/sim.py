@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -14,7 +15,8 @@ from plinth.sched.policies import POLICIES
 from plinth.sim import report
 from plinth.sim.run import compare, sched_config
 
-console = Console()
+# Piped output has no terminal width to go by: use one wide enough for the results table.
+console = Console(width=None if sys.stdout.isatty() else 160)
 
 
 def _progress() -> Progress:

@@ -24,6 +24,9 @@ THROUGHPUT: dict[str, dict[str, float]] = {
 
 JOB_TYPES: tuple[str, ...] = tuple(THROUGHPUT)
 
+# A job type whose run time does not depend on the GPU model (observed pod lifetimes, services).
+FIXED_SPEED = "fixed"
+
 
 def job_type_for(job_id: int) -> str:
     """A deterministic type for traces that carry none (Philly): spread evenly by id."""
@@ -32,7 +35,7 @@ def job_type_for(job_id: int) -> str:
 
 def speed(job_type: str, model: str | None) -> float:
     """Progress per second on one GPU of `model`, relative to the reference V100."""
-    if model is None:
+    if model is None or job_type == FIXED_SPEED:
         return 1.0
     row = THROUGHPUT.get(job_type)
     if row is not None and model in row:

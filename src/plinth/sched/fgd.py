@@ -16,10 +16,12 @@ A node's fragmentation is the popularity-weighted sum over shapes, F_n = sum_m p
 FGD places a pod on the candidate (a GPU for a fractional pod, a node otherwise) that increases
 F_n the least. Ties go to best fit, then to the lowest index, so placement is deterministic.
 
-Everything is vectorised over the candidates. The trick that keeps it cheap: shapes fall into a
-few *GPU classes* (per-GPU demand, GPU memory, GPU count), and a GPU's contribution depends only
-on its class; the per-shape CPU, memory and model checks depend only on the node. So the cost of
-scoring is (nodes x shapes) + (candidate GPUs x classes), never (GPUs x shapes).
+Everything is vectorised over the candidates. Two things keep it cheap. Shapes fall into a few
+*GPU classes* (per-GPU demand, GPU memory, GPU count): what a GPU contributes depends only on the
+class, and the per-shape CPU, memory and model checks depend only on the node. And nodes in the
+same state (all the empty nodes of a model, say) fragment alike, so each such *kind* is scored
+once. The cost is (node kinds x shapes) + (distinct candidate GPUs x classes), never
+(GPUs x shapes).
 
 Weights are integers (pod counts), so fragmentation is summed exactly in int64 and equal scores
 are true ties rather than rounding noise.
@@ -183,21 +185,27 @@ def _gpu_sums(state: ClusterState, profile: WorkloadProfile, nodes: np.ndarray
               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Per node: S (free milli), and per GPU class A (free milli on GPUs that can hold the
     class's per-GPU demand), C (how many such GPUs); and the GPU memory of a fully free GPU."""
-    cluster = state.cluster
-    first = cluster.node_first_gpu[nodes]
-    count = np.diff(np.append(cluster.node_first_gpu, cluster.total_gpus))[nodes]
-    width = max(int(count.max(initial=0)), 1)
-    cols = np.arange(width)
-    valid = cols < count[:, None]
-    # A node's GPUs are contiguous, so a padded (nodes x width) gather sees them all at once.
-    idx = np.where(valid, first[:, None] + cols, 0)
-    f = np.where(valid, state.gpu_free_milli[idx], 0)
-    m = np.where(valid, state.gpu_free_mem[idx], 0)
+    f, m, valid = _node_gpus(state, nodes)
     sat = valid[..., None] & (f[..., None] >= profile._d) & (m[..., None] >= profile._gm)
-    a = np.einsum("ngj,ng->nj", sat, f) if sat.size else np.zeros((len(nodes), 0), np.int64)
+    a = np.einsum("ngj,ng->nj", sat, f)
     c = sat.sum(axis=1)
     cap = np.where(f == MILLI, m, 0).max(axis=1)
     return f.sum(axis=1), a.astype(np.int64), c, cap
+
+
+def _node_gpus(state: ClusterState, nodes: np.ndarray
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(nodes, widest node) matrices of per-GPU free milli and free GPU memory, 0 where a node
+    has fewer GPUs, and which entries are real GPUs. A node's GPUs are contiguous, so one
+    padded gather reads them all."""
+    cluster = state.cluster
+    count = np.diff(np.append(cluster.node_first_gpu, cluster.total_gpus))[nodes]
+    cols = np.arange(max(int(count.max(initial=0)), 1))
+    valid = cols < count[:, None]
+    idx = np.where(valid, cluster.node_first_gpu[nodes][:, None] + cols, 0)
+    f = np.where(valid, state.gpu_free_milli[idx], 0)
+    m = np.where(valid, state.gpu_free_mem[idx], 0)
+    return f, m, valid
 
 
 def _fitting_weight(state: ClusterState, profile: WorkloadProfile, nodes: np.ndarray,
@@ -229,12 +237,16 @@ def choose_gpu(state: ClusterState, req: Request, cand: np.ndarray,
     cand = np.sort(np.asarray(cand, dtype=np.intp))
     free, fmem = state.gpu_free_milli, state.gpu_free_mem
     gnode = cluster.gpu_node[cand]
-    # GPUs of one node with the same free share and memory score the same: score the first
-    # (lowest-index) of each, which is also the one the tie-break would pick.
-    key = (gnode * (MILLI + 1) + free[cand]) * (int(fmem.max()) + 1) + fmem[cand]
+    starts = np.ones(len(cand), dtype=bool)
+    starts[1:] = gnode[1:] != gnode[:-1]  # cand is sorted, so a node's GPUs are adjacent
+    node_kind, nodes = _node_kinds(state, gnode[starts])
+    kind = node_kind[np.cumsum(starts) - 1]
+    # GPUs with the same free share and memory on nodes of one kind score the same: score the
+    # first (lowest-index) of each, which is also the one the tie-break would pick.
+    key = (kind * (MILLI + 1) + free[cand]) * (int(fmem.max()) + 1) + fmem[cand]
     _, first = np.unique(key, return_index=True)
     reps = cand[first]
-    nodes, inv = np.unique(gnode[first], return_inverse=True)
+    inv = kind[first]
     s, a, c, _ = _gpu_sums(state, profile, nodes)
     before = _weighted_frag(profile, s, a, c, _fitting_weight(state, profile, nodes, 0, 0))
 
@@ -257,16 +269,40 @@ def choose_node(state: ClusterState, req: Request, nodes: np.ndarray,
     whose fragmentation grows least. Ties: best fit (fewest whole GPUs free, or for a CPU-only
     pod the least CPU free), then lowest index."""
     nodes = np.sort(np.asarray(nodes, dtype=np.intp))
-    s, a, c, cap = _gpu_sums(state, profile, nodes)
-    before = _weighted_frag(profile, s, a, c, _fitting_weight(state, profile, nodes, 0, 0))
+    kind, reps = _node_kinds(state, nodes)
+    s, a, c, cap = _gpu_sums(state, profile, reps)
+    before = _weighted_frag(profile, s, a, c, _fitting_weight(state, profile, reps, 0, 0))
     k = req.gpus
     # The pod takes k fully free GPUs, all alike (free share MILLI, memory `cap`).
     whole = (MILLI >= profile._d) & (cap[:, None] >= profile._gm)
-    q2 = _fitting_weight(state, profile, nodes, req.cpus_milli, req.memory_mib)
+    q2 = _fitting_weight(state, profile, reps, req.cpus_milli, req.memory_mib)
     after = _weighted_frag(profile, s - k * MILLI, a - k * MILLI * whole, c - k * whole, q2)
     fit = state.node_free_whole[nodes] if k else state.node_free_cpu[nodes]
-    best = np.lexsort((nodes, fit, after - before))[0]
+    best = np.lexsort((nodes, fit, (after - before)[kind]))[0]
     return int(nodes[best])
+
+
+def _node_kinds(state: ClusterState, nodes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Group `nodes` into kinds of equal state (GPU model, free CPU and memory, and the multiset
+    of per-GPU free share and memory), which fragment alike. Returns each node's kind and one
+    node per kind. A big cluster has many identical nodes (all the empty ones of a model, say),
+    so scoring kinds instead of nodes saves most of the work."""
+    cluster = state.cluster
+    f, m, valid = _node_gpus(state, nodes)
+    gpu = f * (int(state.gpu_free_mem.max()) + 1) + m
+    gpu = np.sort(np.where(valid, gpu, -1), axis=1)  # GPU order within a node does not matter
+    sig = np.column_stack((cluster.node_model_id[nodes], state.node_free_cpu[nodes],
+                           state.node_free_mem[nodes], gpu))
+    # Sort rows with a lexsort (far cheaper than np.unique(axis=0)); a new kind starts where a
+    # row differs from the one before. The sort is stable, so a kind's first row is its
+    # lowest-index node.
+    order = np.lexsort(sig.T[::-1])
+    srt = sig[order]
+    new = np.ones(len(order), dtype=bool)
+    new[1:] = (srt[1:] != srt[:-1]).any(axis=1)
+    kind = np.empty(len(order), dtype=np.intp)
+    kind[order] = np.cumsum(new) - 1
+    return kind, nodes[order[new]]
 
 
 def place_pod(state: ClusterState, req: Request, profile: WorkloadProfile,

@@ -21,9 +21,11 @@ limit, a cohort and a weight (`TenantQuota`, see `plinth.sched.quota` for the bo
 - `preempt_within_tenant` (off by default): a job may also preempt lower-priority jobs of its
   own tenant, to make room or to free the tenant's own quota (Kueue's withinClusterQueue).
 
-The pending queue is kept grouped by tenant (see `order`), so a pass finds each tenant's first
-`depth` jobs by binary search: its work is O(depth x tenants + placements + running), not
-O(pending). Jobs past a tenant's first `depth` are not examined and get no new reason.
+The pending queue is kept grouped by tenant (see `order`), so a pass finds each tenant's jobs
+by binary search and stops reading a tenant once `depth` of its jobs wait for distinct reasons
+(or `backfill_depth` wait in all): its work is O(depth x tenants + starts + running), plus a
+cheap look-up per repeated blocked job, not O(pending). Jobs further back are not examined and
+get no new reason.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from plinth.sched.types import Decisions, JobState, Preempt, Snapshot, Start
 Victims = tuple[list[JobState], ClusterState, Allocation]
 
 _by_priority = victim_order(lambda js: js.job.priority)
+STARTED, WAITS, REPEAT = "started", "waits", "repeat"  # what `_Pass.admit` did with a job
 
 
 class FairShare(Policy):
@@ -82,52 +85,72 @@ class FairShare(Policy):
         return self._derived
 
     def schedule(self, snap: Snapshot, now: float) -> Decisions:
-        heads = tenant_heads(snap.pending, self.depth)
-        tenants = set(heads) | {js.job.tenant for js in snap.running.values()}
+        queues = tenant_queues(snap.pending)
+        tenants = set(queues) | {js.job.tenant for js in snap.running.values()}
         book = QuotaBook(self.quotas_for(snap.cluster, tenants), snap.cluster)
         for js in snap.running.values():
             book.charge(js.job.tenant, js.job.request)
         p = _Pass(self, snap, now, book)
-        p.run(heads)
+        p.run(queues)
         return p.d
 
 
-def tenant_heads(pending: Sequence[JobState], depth: int) -> dict[str, list[JobState]]:
-    """Each tenant's first `depth` jobs, in queue order. `pending` is sorted by the policy's
-    order, so grouped by tenant, and the rest of a tenant's jobs are skipped by binary search.
-    A queue caught not grouped (tenants out of order at a group's edge) is scanned in full."""
-    heads: dict[str, list[JobState]] = {}
+def tenant_queues(pending: Sequence[JobState], check: int = 16
+                  ) -> dict[str, Sequence[JobState]]:
+    """Each tenant's pending jobs in queue order, as views into `pending` (no copies).
+
+    `pending` is sorted by the policy's order, so grouped by tenant, and each group's end is
+    found by binary search. A queue caught not grouped (say, kept in submit order) is split
+    by a full scan instead: the first `check` jobs of each group must be the group's tenant,
+    and a group that ends sooner must end where the search says.
+    """
+    queues: dict[str, Sequence[JobState]] = {}
     n, i, last = len(pending), 0, None
     while i < n:
         t = pending[i].job.tenant
         if last is not None and t <= last:
-            return _scan_heads(pending, depth)
-        group = heads[t] = []
-        while i < n and len(group) < depth and pending[i].job.tenant == t:
-            group.append(pending[i])
-            i += 1
-        lo, hi = i, n
+            return _scan_queues(pending)
+        j = i
+        while j < n and j - i < check and pending[j].job.tenant == t:
+            j += 1
+        lo, hi = j, n
         while lo < hi:  # first index past tenant t
             mid = (lo + hi) // 2
             if pending[mid].job.tenant <= t:
                 lo = mid + 1
             else:
                 hi = mid
-        # Cheap checks that catch a queue not sorted by `order` (say, in submit order): a
-        # short group must end where the search says, and the boundary must be t's.
-        if lo > i and (len(group) < depth or pending[lo - 1].job.tenant != t):
-            return _scan_heads(pending, depth)
-        i, last = max(i, lo), t
-    return heads
+        if lo > j and (j - i < check or pending[lo - 1].job.tenant != t):
+            return _scan_queues(pending)
+        queues[t] = _View(pending, i, lo)
+        i, last = lo, t
+    return queues
 
 
-def _scan_heads(pending: Sequence[JobState], depth: int) -> dict[str, list[JobState]]:
-    heads: dict[str, list[JobState]] = {}
+def _scan_queues(pending: Sequence[JobState]) -> dict[str, Sequence[JobState]]:
+    queues: dict[str, list[JobState]] = {}
     for js in pending:
-        group = heads.setdefault(js.job.tenant, [])
-        if len(group) < depth:
-            group.append(js)
-    return heads
+        queues.setdefault(js.job.tenant, []).append(js)
+    return queues  # type: ignore[return-value]
+
+
+class _View(Sequence):
+    """pending[lo:hi] without copying (the queue may be a large sorted container)."""
+
+    __slots__ = ("seq", "lo", "hi")
+
+    def __init__(self, seq: Sequence[JobState], lo: int, hi: int) -> None:
+        self.seq, self.lo, self.hi = seq, lo, hi
+
+    def __len__(self) -> int:
+        return self.hi - self.lo
+
+    def __getitem__(self, k):  # type: ignore[override]
+        if isinstance(k, slice):
+            return [self.seq[self.lo + x] for x in range(*k.indices(len(self)))]
+        if not 0 <= k < len(self):
+            raise IndexError(k)
+        return self.seq[self.lo + k]
 
 
 class _Donor:
@@ -164,41 +187,71 @@ class _Pass:
         self.d = Decisions()
         self.preempted: set[int] = set()
         self.failed: dict[tuple, str] = {}  # preemption searches that failed in this pass
+        self.blocked: dict[tuple, tuple[int, str]] = {}  # see `admit`
         self._running: dict[str, list[JobState]] | None = None
 
-    def run(self, heads: dict[str, list[JobState]]) -> None:
-        book, cursor = self.book, dict.fromkeys(heads, 0)
+    def run(self, queues: dict[str, Sequence[JobState]]) -> None:
+        book, depth, scan = self.book, self.policy.depth, max(self.cfg.backfill_depth, 1)
+        cursor = dict.fromkeys(queues, 0)
+        waits = dict.fromkeys(queues, 0)  # jobs that needed a placement or quota check
+        seen = dict.fromkeys(queues, 0)  # all jobs examined that wait
 
         def key(name: str) -> tuple[bool, float, str]:
             # As Kueue orders its heads: a job within its tenant's nominal quota before any
             # that would borrow (lending first and reclaiming at once would only thrash),
             # then the lowest weighted dominant share, then the name for determinism.
-            t, req = book.tenant(name), heads[name][cursor[name]].job.request
+            t, req = book.tenant(name), queues[name][cursor[name]].job.request
             return (t.gpu + req.gpu_milli_total > t.nominal, book.share(t), name)
 
-        def line(names) -> list[tuple[bool, float, str]]:
-            return [key(t) for t in names if cursor[t] < len(heads[t])]
+        def line(names: Iterable[str]) -> list[tuple[bool, float, str]]:
+            return [key(t) for t in names if cursor[t] < len(queues[t])]
 
-        heap = line(heads)
+        heap = line(queues)
         heapq.heapify(heap)
         while heap:
             name = heapq.heappop(heap)[-1]
-            jobs, i = heads[name], cursor[name]
+            jobs, i = queues[name], cursor[name]
             cursor[name] = i + 1
             preempts = len(self.d.preempts)
-            if not self.admit(jobs[i]) and self.policy.strict_fifo:
-                for js in jobs[i + 1:]:
-                    self.d.waiting[js.id] = f"Queue: behind job {jobs[i].id} of {name} (strict FIFO)"
-                cursor[name] = len(jobs)
+            outcome = self.admit(jobs[i])
+            if outcome != STARTED:
+                # Jobs that start cost one placement each and are bounded by the cluster;
+                # jobs that wait are bounded per tenant, so a long queue costs no more:
+                # `depth` that needed real work, `backfill_depth` in all (as Slurm's
+                # bf_max_job_test), so small jobs behind a run of blocked big ones still start.
+                waits[name] += outcome == WAITS
+                seen[name] += 1
+                if self.policy.strict_fifo:
+                    for js in jobs[i + 1:i + depth]:
+                        self.d.waiting[js.id] = (f"Queue: behind job {jobs[i].id} of {name} "
+                                                 f"(strict FIFO)")
+                    cursor[name] = len(jobs)
+                elif waits[name] >= depth or seen[name] >= scan:
+                    cursor[name] = len(jobs)
             if len(self.d.preempts) != preempts:
                 # Victims' tenants now hold less, so their place in line moved up.
-                heap = line(t for t in heads if t != name)
+                heap = line(t for t in queues if t != name)
                 heapq.heapify(heap)
             if cursor[name] < len(jobs):
                 heapq.heappush(heap, key(name))
 
     # -- one job -----------------------------------------------------------------------------
-    def admit(self, js: JobState) -> bool:
+    def admit(self, js: JobState) -> str:
+        """STARTED, WAITS, or REPEAT: it waits for the same reason as an identical job just
+        before it (same tenant, request and priority, nothing started or preempted since),
+        found without a placement, so runs of blocked look-alike jobs cost next to nothing."""
+        key = (js.job.tenant, js.job.request, js.job.priority)
+        version = len(self.d.starts) + len(self.d.preempts)
+        hit = self.blocked.get(key)
+        if hit is not None and hit[0] == version:
+            self.d.waiting[js.id] = hit[1]
+            return REPEAT
+        if self._admit(js):
+            return STARTED
+        self.blocked[key] = (version, self.d.waiting[js.id])
+        return WAITS
+
+    def _admit(self, js: JobState) -> bool:
         t = self.book.tenant(js.job.tenant)
         req = js.job.request
         v = self.book.verdict(t, req.gpu_milli_total)

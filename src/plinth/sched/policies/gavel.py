@@ -7,7 +7,7 @@ Two layers, as in the paper:
    X[j, m] on each GPU model m that maximise the smallest normalised throughput (throughput over
    what the job would get from an equal 1/N share of the cluster). Throughputs come from
    `plinth.core.throughput.speed`. The LP is solved again only when the set of active jobs
-   changes, not every pass.
+   has changed, and then at the next round boundary (at most once per round).
 2. A round-based mechanism that realises X over time. At each round boundary (every
    `config.round_s`, 6 minutes by default) every (job, model) pair gets priority
    X[j, m] / (share of its active time the job has run on m so far); a pair never run gets
@@ -41,7 +41,7 @@ import numpy as np
 
 from plinth.core.resources import Allocation, Cluster, Request
 from plinth.core.throughput import job_type_for, speed
-from plinth.sched.lp import max_min_fairness
+from plinth.sched.lp import feasible_mask, max_min_fairness
 from plinth.sched.placement import place
 from plinth.sched.policies.base import Policy
 from plinth.sched.preemption import can_preempt
@@ -66,6 +66,7 @@ class Gavel(Policy):
         self._models = models
         self._lp_key: tuple[int, ...] | None = None
         self._X: dict[int, np.ndarray] = {}  # job id -> time fraction per model
+        self._T: dict[int, np.ndarray] = {}  # job id -> its speed on each model
         self.fairness = 0.0  # the LP's t, for reports
         self._received: dict[int, np.ndarray] = {}  # job id -> seconds run on each model
         self._active_time: dict[int, float] = {}
@@ -101,24 +102,42 @@ class Gavel(Policy):
                 got = self._received.setdefault(js.id, np.zeros(len(self._models)))
                 got[m] += dt
 
-    def _solve(self, snap: Snapshot, jobs: list[JobState]) -> None:
+    def _solve(self, snap: Snapshot, jobs: list[JobState], boundary: bool) -> None:
         key = tuple(js.id for js in jobs)
         if key == self._lp_key:
             return
-        models = self._models
-        cap = np.array([snap.cluster.gpus_of_model(m) for m in models], dtype=float)
-        T = throughput_matrix(jobs, models)
-        scale = np.array([js.job.request.num_gpus for js in jobs])
-        allowed = np.array([[js.job.request.allows(m) for m in models] for js in jobs],
-                           dtype=bool).reshape(len(jobs), len(models))
+        if not boundary:
+            # Mid-round nobody is moved, so a new allocation could only reorder who gets the
+            # GPUs freed until the round ends. Solve at the boundary instead (at most one LP per
+            # round); newcomers meanwhile get an even split over the models they can use,
+            # which with their infinite priority (never run) puts them first, fastest model
+            # first.
+            new = [js for js in jobs if js.id not in self._X]
+            T, scale, cap, allowed = self._lp_inputs(snap, new)
+            ok = feasible_mask(T, scale, cap, allowed)
+            for i, js in enumerate(new):
+                self._X[js.id] = ok[i] / max(1, ok[i].sum())
+                self._T[js.id] = T[i]
+            return
+        T, scale, cap, allowed = self._lp_inputs(snap, jobs)
         res = max_min_fairness(T, scale, cap, allowed=allowed)
         self._X = {js.id: res.X[i] for i, js in enumerate(jobs)}
+        self._T = {js.id: T[i] for i, js in enumerate(jobs)}
         self.fairness = res.t
         self._lp_key = key
         keep = set(key) | set(snap.running)
         for d in (self._received, self._active_time):
             for jid in [j for j in d if j not in keep]:
                 del d[jid]
+
+    def _lp_inputs(self, snap: Snapshot, jobs: list[JobState]) -> tuple[np.ndarray, ...]:
+        models = self._models
+        cap = np.array([snap.cluster.gpus_of_model(m) for m in models], dtype=float)
+        T = throughput_matrix(jobs, models)
+        scale = np.array([js.job.request.num_gpus for js in jobs], dtype=float)
+        allowed = np.array([[js.job.request.allows(m) for m in models] for js in jobs],
+                           dtype=bool).reshape(len(jobs), len(models))
+        return T, scale, cap, allowed
 
     # -- the pass ----------------------------------------------------------------------------
     def schedule(self, snap: Snapshot, now: float) -> Decisions:
@@ -129,7 +148,8 @@ class Gavel(Policy):
         for js in outside:
             d.waiting[js.id] = f"outside Gavel's active window (the {self.max_jobs} oldest jobs)"
         gpu_jobs = [js for js in window if js.job.request.gpu_milli_total > 0]
-        self._solve(snap, gpu_jobs)
+        boundary = now >= self._round_end - 1e-9
+        self._solve(snap, gpu_jobs, boundary)
         usable = [js for js in gpu_jobs if self._X[js.id].sum() > _X_MIN]
         for js in gpu_jobs:
             if self._X[js.id].sum() <= _X_MIN and js.id not in snap.running:
@@ -137,8 +157,7 @@ class Gavel(Policy):
         self._prev_active = tuple(js.id for js in gpu_jobs)
 
         work = snap.state.copy()
-        pairs = self._pairs(usable)
-        boundary = now >= self._round_end - 1e-9
+        pairs = self._pairs(snap.cluster, usable)
         if boundary:
             self._round_end = now + cfg.round_s
             self._new_round(snap, now, work, usable, pairs, d)
@@ -155,7 +174,7 @@ class Gavel(Policy):
                     d.starts.append(Start(js.id, alloc, "Gavel: needs no GPU, fits now"))
                 else:
                     d.waiting[js.id] = "Resources: no node has the CPU or memory free"
-        d.wake_at = self._round_end if (snap.running or d.starts or window) else None
+        d.wake_at = self._round_end if _busy(snap, d) else None
         return d
 
     def _window(self, snap: Snapshot) -> tuple[list[JobState], list[JobState]]:
@@ -165,7 +184,7 @@ class Gavel(Policy):
         outside = [js for js in jobs[self.max_jobs:] if js.id not in snap.running]
         return window, outside
 
-    def _pairs(self, jobs: list[JobState]) -> list[tuple[int, int]]:
+    def _pairs(self, cluster: Cluster, jobs: list[JobState]) -> list[tuple[int, int]]:
         """(job index, model index) pairs with X > 0, highest Gavel priority first."""
         if not jobs:
             return []
@@ -173,9 +192,14 @@ class Gavel(Policy):
         share = np.stack([self.received_share(js.id) for js in jobs])
         with np.errstate(divide="ignore", invalid="ignore"):
             prio = np.where(share > 0, X / share, np.inf)
+        T = np.stack([self._T[js.id] for js in jobs])
         ji, mi = np.nonzero(X > _X_MIN)
-        # Ties (e.g. every pair never run) go to the larger allocation, then the older job.
-        order = np.lexsort((ji, -X[ji, mi], -prio[ji, mi]))
+        stay = np.array([_model_index(cluster, js.allocation) for js in jobs])[ji] == mi
+        # Ties (e.g. every pair never run) go to the job already there (no migration), then
+        # the larger allocation, then the faster model, then the older job. Rounding keeps
+        # solver noise from deciding.
+        order = np.lexsort((ji, -T[ji, mi], -np.round(X[ji, mi], 6), ~stay,
+                            -np.round(prio[ji, mi], 6)))
         return list(zip(ji[order].tolist(), mi[order].tolist()))
 
     def _new_round(self, snap: Snapshot, now: float, work: ClusterState,
@@ -283,19 +307,25 @@ class Gavel(Policy):
         allocate the new), never allocates a GPU another mover still holds. A cycle of moves
         (two jobs swapping models) is broken by preempting one of them and starting it again
         on its new GPUs after the resizes; that costs it its unsaved work."""
-        holder: dict[int, int] = {}
+        holders: dict[int, set[int]] = {}  # GPU -> movers on it now (fractions share GPUs)
         for k, (js, _, _) in enumerate(moves):
             for s in js.allocation.slots:
                 for g in s.gpus:
-                    holder[g] = k
-        deps = [{holder[g] for s in alloc.slots for g in s.gpus if holder.get(g, k) != k}
+                    holders.setdefault(g, set()).add(k)
+        deps = [set().union(*(holders.get(g, ()) for s in alloc.slots for g in s.gpus)) - {k}
                 for k, (_, alloc, _) in enumerate(moves)]
         done: set[int] = set()
         left = list(range(len(moves)))
         while left:
             ready = [k for k in left if deps[k] <= done]
             if not ready:
-                k = left[0]
+                # Walk blocked-by edges from any blocked move until one repeats: that move is
+                # on a cycle, and breaking it (not a move merely waiting behind a cycle)
+                # unblocks the rest.
+                k, seen = left[0], set()
+                while k not in seen:
+                    seen.add(k)
+                    k = min(deps[k] - done)
                 js, alloc, m = moves[k]
                 d.preempts.append(Preempt(js.id, "Gavel: restarts on its new lease "
                                           f"({self._models[m]}) after a swap"))
@@ -339,6 +369,13 @@ def throughput_matrix(jobs: list[JobState], models: tuple[str, ...]) -> np.ndarr
                                                                              len(models))
     ids = {t: k for k, t in enumerate(names)}
     return rows[[ids[t] for t in types]] if jobs else np.zeros((0, len(models)))
+
+
+def _busy(snap: Snapshot, d: Decisions) -> bool:
+    """Whether anything runs after these decisions. On an idle cluster every waiting job has
+    just been tried and failed, and time alone changes nothing, so a policy should not ask to
+    be woken (the owner then reports the jobs as stuck instead of looping)."""
+    return bool(d.starts or len(snap.running) > len(d.preempts))
 
 
 def _model_index(cluster: Cluster, alloc: Allocation | None) -> int:

@@ -44,9 +44,10 @@ MIN_WAKE = 1e-3
 class PreemptionPlan:
     """One pass's plan: the scratch state after the starts and preemptions decided so far."""
 
-    def __init__(self, snap: Snapshot, now: float, d: Decisions, depth: int,
-                 whom: str = "lower-priority job") -> None:
+    def __init__(self, snap: Snapshot, now: float, d: Decisions, *, depth: int,
+                 importance: Callable[[JobState], object], whom: str) -> None:
         self.snap, self.now, self.d = snap, now, d
+        self.importance = importance  # victims go least important first
         self.whom = whom  # who may be preempted, for the reasons shown to users
         self.cfg = snap.config
         self.work = snap.state.copy()
@@ -54,6 +55,8 @@ class PreemptionPlan:
         self.started: list[tuple[JobState, Allocation]] = []
         self.tries_left = depth
         self.wake: float | None = None
+        self._failed: dict[tuple[Request, object], str] = {}
+        self._ranked: list[JobState] | None = None
 
     def try_start(self, js: JobState, reason: str) -> bool:
         """Start `js` on free resources if it fits."""
@@ -64,23 +67,35 @@ class PreemptionPlan:
         self._start(js, alloc, reason)
         return True
 
-    def try_preempt(self, js: JobState, candidates: Sequence[JobState],
+    def try_preempt(self, js: JobState, may_preempt: Callable[[JobState], bool],
                     start_reason: Callable[[list[JobState]], str],
-                    victim_reason: Callable[[JobState], str]) -> str | None:
-        """Start `js` by preempting some of `candidates` (least important first). Returns None
-        when it worked, else why not, in words for the user."""
-        cands = [c for c in candidates if c.id not in self.victims and c.allocation is not None]
+                    victim_reason: Callable[[JobState], str], key: object = None) -> str | None:
+        """Start `js` by preempting running jobs that `may_preempt` allows, least important
+        first. Returns None when it worked, else why not, in words for the user.
+
+        `key` names the candidate set (say, the job's priority): a request shape that failed
+        against a key fails again for the rest of the pass, since starts only take resources
+        and victims only leave the candidates, until a preemption frees more than it uses."""
+        req = js.job.request
+        if key is not None and (req, key) in self._failed:
+            return self._failed[req, key]
+        cands = [c for c in self._ranked_running()
+                 if c.id not in self.victims and c.allocation is not None and may_preempt(c)]
         if not cands:
             return f"no {self.whom} is running"
         if self.tries_left <= 0:
             return "preemption deferred to a later pass (per-pass limit reached)"
         self.tries_left -= 1
-        req = js.job.request
-        found = find_victims(self.work, req, cands, self.now, self.cfg)
+        eligible = [c for c in cands if can_preempt(c, self.now, self.cfg)]
+        found = find_victims(self.work, req, eligible, self.now, self.cfg)
         if found is None:
-            return self._why_not(js, cands)
+            why = self._why_not(js, cands)
+            if key is not None:
+                self._failed[req, key] = why
+            return why
         victims, scratch, alloc = found
         self.work = scratch
+        self._failed.clear()
         for v in victims:
             self.victims[v.id] = v
             self.d.preempts.append(Preempt(v.id, victim_reason(v)))
@@ -103,6 +118,13 @@ class PreemptionPlan:
         return max(min(known), self.now + MIN_WAKE) if known else None
 
     # -- internals -------------------------------------------------------------------------
+    def _ranked_running(self) -> list[JobState]:
+        """Running jobs, least important first; sorted once per pass, and only if needed."""
+        if self._ranked is None:
+            self._ranked = sorted(self.snap.running.values(),
+                                  key=victim_order(self.importance))
+        return self._ranked
+
     def _start(self, js: JobState, alloc: Allocation, reason: str) -> None:
         self.work.allocate(alloc, js.job.request)
         self.started.append((js, alloc))
@@ -115,16 +137,17 @@ class PreemptionPlan:
         # Non-preemptible jobs and jobs at the preemption cap never become victims.
         eventual = [c for c in cands
                     if c.job.preemptible and c.preemptions < cfg.max_preemptions]
-        protected = [c for c in eventual if not can_preempt(c, now, cfg)]
-        if not protected:
-            return f"preempting every eligible {self.whom} would not make room"
-        scratch = self.work.copy()
-        for c in eventual:
-            scratch.release(c.allocation, c.job.request)  # type: ignore[arg-type]
-        if place(scratch, js.job.request, cfg.placement) is None:
-            return f"preempting every eligible {self.whom} would not make room"
-        until = min((c.start_time if c.start_time is not None else now)
-                    + guaranteed_runtime(c, cfg) for c in protected)
+        nothing = f"preempting every eligible {self.whom} would not make room"
+        if all(can_preempt(c, now, cfg) for c in eventual):
+            return nothing
+        found = _release_until_fits(self.work, js.job.request, eventual, cfg)
+        if found is None:
+            return nothing
+        until = min(((c.start_time if c.start_time is not None else now)
+                     + guaranteed_runtime(c, cfg) for c in found[0]
+                     if not can_preempt(c, now, cfg)), default=None)
+        if until is None:
+            return nothing
         self.wake = until if self.wake is None else min(self.wake, until)
         return f"a {self.whom} it needs is inside its guaranteed runtime until t={until:.0f}s"
 
@@ -135,20 +158,33 @@ def find_victims(work: ClusterState, req: Request, candidates: Sequence[JobState
     counts the GPU share already free as well as what the victims free. The shared version
     counts only the victims' share, so a job that needs free GPUs plus a victim's (2 free + 2
     freed for a 4-GPU gang) never finds its victim. Drop this once the shared one is fixed."""
-    scratch = work.copy()
-    victims: list[JobState] = []
+    eligible = [c for c in candidates if c.allocation is not None and can_preempt(c, now, cfg)]
+    found = _release_until_fits(work, req, eligible, cfg)
+    if found is None:
+        return None
+    victims, _, alloc = found
+    return _prune(work, req, victims, alloc, cfg.placement)
+
+
+def _release_until_fits(work: ClusterState, req: Request, jobs: Sequence[JobState],
+                        cfg: SchedConfig) -> tuple[list[JobState], ClusterState, Allocation] | None:
+    """Release `jobs` in order on a copy of `work` until `req` fits: the jobs released, the
+    copy and the allocation found, or None. Gives up before copying anything when the jobs'
+    GPU share and the free share together fall short, the common case in a busy cluster."""
     short = req.gpu_milli_total - int(work.gpu_free_milli.sum())
-    for js in candidates:
-        if js.allocation is None or not can_preempt(js, now, cfg):
-            continue
-        scratch.release(js.allocation, js.job.request)
-        victims.append(js)
-        short -= js.allocation.gpu_milli_total
+    if short > sum(js.allocation.gpu_milli_total for js in jobs):  # type: ignore[union-attr]
+        return None
+    scratch = work.copy()
+    released: list[JobState] = []
+    for js in jobs:
+        scratch.release(js.allocation, js.job.request)  # type: ignore[arg-type]
+        released.append(js)
+        short -= js.allocation.gpu_milli_total  # type: ignore[union-attr]
         if short > 0:
             continue  # not enough GPU share in total yet: skip the placement attempt
         alloc = place(scratch, req, cfg.placement)
         if alloc is not None:
-            return _prune(work, req, victims, alloc, cfg.placement)
+            return released, scratch, alloc
     return None
 
 
@@ -169,9 +205,9 @@ class StrictPriority(Policy):
 
     def schedule(self, snap: Snapshot, now: float) -> Decisions:
         d = Decisions()
-        plan = PreemptionPlan(snap, now, d, self.preempt_depth)
-        # Least important first: lowest priority, then least unsaved work (newest checkpoint).
-        running = sorted(snap.running.values(), key=victim_order(lambda v: v.job.priority))
+        # Victims: lowest priority first, then least unsaved work (newest checkpoint).
+        plan = PreemptionPlan(snap, now, d, depth=self.preempt_depth,
+                              importance=lambda v: v.job.priority, whom="lower-priority job")
         pending = list(snap.pending)
         notes: dict[int, str] = {}
 
@@ -179,7 +215,7 @@ class StrictPriority(Policy):
         for i, js in enumerate(pending):  # phase 1
             if plan.try_start(js, f"priority {js.job.priority}"):
                 continue
-            why = self._preempt_for(plan, js, running)
+            why = self._preempt_for(plan, js)
             if why is not None:
                 notes[js.id], head = why, i
                 break
@@ -198,13 +234,14 @@ class StrictPriority(Policy):
         started = {s.job_id for s in d.starts}
         # The queue is sorted by priority, so once a job's priority is at or below every
         # running job's, no job further down has anyone to preempt.
-        lowest = min((v.job.priority for v in running if v.id not in plan.victims), default=None)
+        lowest = min((v.job.priority for i, v in snap.running.items() if i not in plan.victims),
+                     default=None)
         for js in rest[1:]:  # phase 3
             if plan.tries_left <= 0 or lowest is None or js.job.priority <= lowest:
                 break
             if js.id in started or js.job.priority >= top:
                 continue
-            why = self._preempt_for(plan, js, running)
+            why = self._preempt_for(plan, js)
             if why is None:
                 d.waiting.pop(js.id, None)
             else:
@@ -218,12 +255,12 @@ class StrictPriority(Policy):
         return d
 
     @staticmethod
-    def _preempt_for(plan: PreemptionPlan, js: JobState, running: list[JobState]) -> str | None:
+    def _preempt_for(plan: PreemptionPlan, js: JobState) -> str | None:
         p = js.job.priority
-        cands = [v for v in running if v.job.priority < p]
         return plan.try_preempt(
-            js, cands,
+            js, lambda v: v.job.priority < p,
             lambda vs: f"priority {p}: preempted job{'s' * (len(vs) > 1)} "
                        + ", ".join(str(v.id) for v in vs),
             lambda v: f"preempted by job {js.id} (priority {p} > {v.job.priority})",
+            key=p,
         )

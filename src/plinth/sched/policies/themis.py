@@ -18,15 +18,18 @@ read the paper's "resources are offered to the 1-f fraction of apps with the wor
 offers to the single worst job (strict fairness), f = 0 to everybody. The paper then runs a
 partial-allocation auction among those offered to pick an efficient split; we replace the
 auction by a greedy pass, largest rho first, each job placed on the model that consolidates it
-best (fewest nodes), then the fastest for its type. Offered jobs may take GPUs from running jobs
-outside the offered set, least deserving (lowest rho) first, honouring `can_preempt`
-(non-preemptible jobs, min_runtime with backoff, max_preemptions). What is left after the offer
+best (fewest nodes), then the fastest for its type. An offered job that does not fit may take
+GPUs from running jobs with a lower rho (least deserving first), honouring `can_preempt`
+(non-preemptible jobs, min_runtime with backoff, max_preemptions). So f bounds how many jobs
+may claim GPUs, and cause preemptions, per round: f = 1 lets only the worst job claim, f = 0
+re-sorts the whole cluster by rho every round. What is left after the offer
 goes, work-conservingly, to the other waiting jobs in rho order without preempting anybody;
 running jobs that nobody claimed keep their lease. Between round boundaries, passes only start
 waiting jobs on free GPUs.
 
-Like Gavel, only the `max_jobs` oldest waiting jobs compete (all running jobs do), so a pass
-stays cheap on large queues.
+Like Gavel, only the `max_jobs` oldest waiting jobs compete (all running jobs do), and at most
+`reclaim_depth` offered jobs per round search for leases to reclaim (each search copies the
+cluster state), so a pass stays cheap on large queues.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ from plinth.core.resources import Allocation, Cluster
 from plinth.core.throughput import job_type_for, speed
 from plinth.sched.placement import place
 from plinth.sched.policies.base import Policy
-from plinth.sched.preemption import find_victims, victim_order
+from plinth.sched.preemption import can_preempt, find_victims, victim_order
 from plinth.sched.state import ClusterState
 from plinth.sched.types import Decisions, JobState, Preempt, Snapshot, Start
 
@@ -49,13 +52,17 @@ class Themis(Policy):
     name = "themis"
     preemptive = True
 
-    def __init__(self, *, fairness_knob: float = 0.8, max_jobs: int = 1000) -> None:
+    def __init__(self, *, fairness_knob: float = 0.8, max_jobs: int = 1000,
+                 reclaim_depth: int = 16) -> None:
         if not 0.0 <= fairness_knob <= 1.0:
             raise ValueError(f"themis.fairness_knob: must be in [0, 1], got {fairness_knob}")
         if max_jobs < 1:
             raise ValueError(f"themis.max_jobs: must be at least 1, got {max_jobs}")
+        if reclaim_depth < 0:
+            raise ValueError(f"themis.reclaim_depth: must not be negative, got {reclaim_depth}")
         self.fairness_knob = fairness_knob
         self.max_jobs = max_jobs
+        self.reclaim_depth = reclaim_depth
         self._round_end = -math.inf
         self._mean_speed: dict[tuple, float] = {}  # (type, allowed models) -> speed if waiting
         self._cluster: Cluster | None = None
@@ -92,32 +99,34 @@ class Themis(Policy):
     # -- the pass ----------------------------------------------------------------------------
     def schedule(self, snap: Snapshot, now: float) -> Decisions:
         d = Decisions()
-        cluster = snap.cluster
         waiting = list(islice(snap.pending, self.max_jobs))
-        jobs = list(snap.running.values()) + waiting
-        if not jobs:
-            return d
         for js in islice(snap.pending, self.max_jobs, self.max_jobs + snap.config.backfill_depth):
             d.waiting[js.id] = f"outside Themis' window (the {self.max_jobs} oldest waiting jobs)"
-        n_active = len(snap.running) + len(snap.pending)
-        rho = self.rho(jobs, now, n_active, cluster)
+        boundary = now >= self._round_end - 1e-9
+        # Mid-round only waiting jobs are placed, so only their rho is needed.
+        jobs = list(snap.running.values()) + waiting if boundary else waiting
+        if not jobs:
+            return d
+        rho = self.rho(jobs, now, len(snap.running) + len(snap.pending), snap.cluster)
         # Worst rho first; ties go to the older job.
-        order = sorted(range(len(jobs)),
-                       key=lambda i: (-rho[i], jobs[i].job.submit_time, jobs[i].id))
+        submit = np.array([js.job.submit_time for js in jobs])
+        ids = np.array([js.id for js in jobs])
+        order = np.lexsort((ids, submit, -rho)).tolist()
         work = snap.state.copy()
-        if now >= self._round_end - 1e-9:
+        if boundary:
             self._round_end = now + snap.config.round_s
             self._new_round(snap, now, work, jobs, rho, order, d)
         else:
             for i in order:
                 js = jobs[i]
-                if js.id in snap.running:
-                    continue
                 if not self._try_start(snap, work, js, d, f"Themis: mid-round, free GPUs "
                                        f"(rho={rho[i]:.2f})"):
                     d.waiting[js.id] = (f"Themis: rho={rho[i]:.2f}; waiting for the next round "
                                         f"at t={self._round_end:.0f}s")
-        d.wake_at = self._round_end
+        # On an idle cluster every waiting job was just tried; time alone changes nothing,
+        # so do not ask to be woken (the owner then reports the jobs as stuck).
+        busy = d.starts or len(snap.running) > len(d.preempts)
+        d.wake_at = self._round_end if busy else None
         return d
 
     def _new_round(self, snap: Snapshot, now: float, work: ClusterState, jobs: list[JobState],
@@ -125,22 +134,31 @@ class Themis(Policy):
         k = max(1, math.ceil((1.0 - self.fairness_knob) * len(jobs)))
         offered = order[:k]
         cut = rho[offered[-1]]
-        offered_ids = {jobs[i].id for i in offered}
         by_id = {js.id: i for i, js in enumerate(jobs)}
-        # Leases that may be reclaimed: running jobs outside the offer, lowest rho first.
-        key = victim_order(lambda js: rho[by_id[js.id]])
-        pool = sorted((js for js in snap.running.values() if js.id not in offered_ids), key=key)
-        taken: set[int] = set()
+        # Leases that may be reclaimed, lowest rho first; built on first need. Offered jobs
+        # are visited worst rho first and a running one renews its lease when its turn comes,
+        # so whatever is still in the pool then has a better (lower) rho than its claimant.
+        pool: list[JobState] | None = None
+        taken: set[int] = set()  # renewed or reclaimed
+        tries = self.reclaim_depth
         for i in offered:
             js = jobs[i]
             if js.id in snap.running:
-                continue  # its lease is renewed
+                taken.add(js.id)
+                continue
             why = (f"Themis: among the {k} jobs with the worst finish-time fairness "
                    f"(rho={rho[i]:.2f})")
             if self._try_start(snap, work, js, d, why):
                 continue
-            if self._try_reclaim(snap, now, work, js, rho[i], pool, taken, by_id, rho, d, why):
-                continue
+            if tries > 0:
+                tries -= 1
+                if pool is None:
+                    key = victim_order(lambda v: rho[by_id[v.id]])
+                    pool = sorted((v for v in snap.running.values()
+                                   if can_preempt(v, now, snap.config)), key=key)
+                if self._try_reclaim(snap, now, work, js, rho[i], pool, taken, by_id, rho, d,
+                                     why):
+                    continue
             d.waiting[js.id] = (f"Themis: rho={rho[i]:.2f} is among the {k} worst, but no GPUs "
                                 "are free and no lease can be reclaimed")
         for i in order[k:]:
@@ -154,7 +172,7 @@ class Themis(Policy):
     def _try_reclaim(self, snap: Snapshot, now: float, work: ClusterState, js: JobState,
                      r: float, pool: list[JobState], taken: set[int], by_id: dict[int, int],
                      rho: np.ndarray, d: Decisions, why: str) -> bool:
-        """Preempt the least deserving running jobs outside the offer until `js` fits."""
+        """Preempt running jobs with a lower rho, least deserving first, until `js` fits."""
         cands = [v for v in pool if v.id not in taken]
         if not cands:
             return False

@@ -36,7 +36,6 @@ from collections.abc import Sequence
 from plinth.core.errors import SpecError
 from plinth.sched.policies.base import Policy
 from plinth.sched.policies.priority import MIN_WAKE, PreemptionPlan
-from plinth.sched.preemption import victim_order
 from plinth.sched.types import Decisions, JobState, Snapshot
 
 DEFAULT_THRESHOLDS: tuple[float, ...] = (3600.0, 36000.0)  # GPU-seconds
@@ -75,7 +74,6 @@ class Tiresias(Policy):
 
     def schedule(self, snap: Snapshot, now: float) -> Decisions:
         d = Decisions()
-        plan = PreemptionPlan(snap, now, d, self.preempt_depth, whom="job in a lower queue")
         depth = snap.config.backfill_depth
 
         # Effective queue per waiting job: its own, or 0 while it is starving.
@@ -92,9 +90,10 @@ class Tiresias(Policy):
         entries.sort(key=lambda e: e[:3])  # near-sorted already: timsort makes this cheap
 
         run_q = {i: self.queue_of(v.attained) for i, v in snap.running.items()}
-        # Least important first: the highest queue, then the least unsaved work.
-        running = sorted(snap.running.values(), key=victim_order(lambda v: -run_q[v.id]))
         top_run_q = max(run_q.values(), default=-1)
+        # Victims: the highest queue (most served) first, then the least unsaved work.
+        plan = PreemptionPlan(snap, now, d, depth=self.preempt_depth,
+                              importance=lambda v: -run_q[v.id], whom="job in a lower queue")
 
         first_waiting: int | None = None
         examined = 0
@@ -109,13 +108,14 @@ class Tiresias(Policy):
                 continue
             if q < top_run_q:
                 why = plan.try_preempt(
-                    js, [v for v in running if run_q[v.id] > q],
+                    js, lambda v, q=q: run_q[v.id] > q,
                     lambda vs, q=q, note=note: (
                         f"tiresias: queue {q}{note}, preempted "
                         + ", ".join(f"job {v.id} (queue {run_q[v.id]})" for v in vs)),
                     lambda v, js=js, q=q: (
                         f"preempted by job {js.id} (queue {q} < queue {run_q[v.id]}, "
                         f"attained {v.attained:.0f} GPU-s)"),
+                    key=q,
                 )
                 if why is None:
                     continue

@@ -24,6 +24,7 @@ from plinth.core.errors import SpecError, TraceError
 from plinth.core.gpus import gpu_model
 from plinth.core.resources import MILLI, Request
 from plinth.core.spec import alibaba_node_list
+from plinth.core.throughput import FIXED_SPEED
 from plinth.sim.traces.base import CsvRows, RawJob, Trace, build_trace, parse_float, parse_int
 
 __all__ = ["QOS_PRIORITY", "alibaba_node_list", "load_alibaba"]
@@ -84,8 +85,10 @@ def load_alibaba(path: str) -> Trace:
             # A CPU-only pod cannot be pinned to a GPU model, so drop any spec it carries.
             req = requests[shape] = Request(gpus=g, gpu_milli=m, cpus_milli=c, memory_mib=mm,
                                             gpu_models=mods if (g or m) else ())
+        # The trace's durations are observed pod lifetimes (many pods are services), not work
+        # that a faster GPU would finish sooner: they run at the same speed on every model.
         raw.append(RawJob(created, duration, req, get(row, col["name"]), "default",
-                          QOS_PRIORITY[qos], line))
+                          QOS_PRIORITY[qos], line, FIXED_SPEED))
     notes = (f"{clamped} pods with a duration <= 0 ran for {MIN_DURATION:g} s instead",) \
         if clamped else ()
     return build_trace(raw, path, "alibaba", rows.last_line, notes)

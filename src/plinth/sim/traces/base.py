@@ -46,6 +46,7 @@ class RawJob(NamedTuple):
     tenant: str = "default"
     priority: int = 0
     line: int = 0  # line in the file, so later errors (an unplaceable job) can point at it
+    job_type: str = ""
 
 
 class CsvRows:
@@ -153,6 +154,7 @@ def build_trace(raw: list[RawJob], path: str, fmt: str, last_line: int,
     raw.sort(key=itemgetter(0))  # list.sort is stable: equal submits stay in row order
     t0 = raw[0].submit
     jobs = [Job(id=i, submit_time=r.submit - t0, duration=r.duration, request=r.request,
-                name=r.name, tenant=r.tenant, priority=r.priority, source_line=r.line)
+                name=r.name, tenant=r.tenant, priority=r.priority, source_line=r.line,
+                job_type=r.job_type)
             for i, r in enumerate(raw)]
     return Trace(jobs=jobs, source=path, format=fmt, notes=notes)

@@ -1,0 +1,322 @@
+"""Gavel: the max-min LP checked by hand, and the round-based leases driven round by round."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from plinth.core.resources import Allocation, Cluster, Node, Request, WorkerSlot
+from plinth.core.workload import Job
+from plinth.sched import lp
+from plinth.sched.lp import equal_share_throughput, feasible_mask, max_min_fairness
+from plinth.sched.policies import make_policy
+from plinth.sched.policies.gavel import Gavel
+from plinth.sched.state import ClusterState
+from plinth.sched.types import Decisions, JobState, JobStatus, SchedConfig, Snapshot
+
+CFG = SchedConfig()
+ROUND = CFG.round_s
+# Rows: a job 4x faster on a V100 than on a K80, and one only 1.2x faster.
+T_FAST, T_FLAT = [4.0, 1.0], [1.2, 1.0]
+
+
+# -- the LP --------------------------------------------------------------------------------
+
+def test_lp_trades_v100_to_the_job_that_gains_most():
+    # Two jobs of each kind on one V100 and one K80. Equal share: each job gets half a GPU,
+    # split evenly, so T_equal = 0.5 * (4 + 1) / 2 = 1.25 and 0.5 * (1.2 + 1) / 2 = 0.55.
+    # At the optimum the fast jobs run only on the V100 (a each) and the flat jobs fill the
+    # K80 and the rest of the V100: rho_fast = 4a / 1.25, rho_flat = (1.2 (0.5 - a) + 0.5) / 0.55.
+    # Equal rho gives a = 22 / 59.2 and t = 44 / 37.
+    res = max_min_fairness(np.array([T_FAST, T_FAST, T_FLAT, T_FLAT]), np.ones(4),
+                           np.array([1.0, 1.0]))
+    assert res.t == pytest.approx(44 / 37, rel=1e-6)
+    assert res.equal == pytest.approx([1.25, 1.25, 0.55, 0.55])
+    assert res.X[:2, 1] == pytest.approx([0, 0], abs=1e-6)  # no K80 for the fast jobs
+    assert res.X[2:, 1].sum() == pytest.approx(1.0, abs=1e-6)  # the whole K80 to flat jobs
+    assert res.X[:2, 0].sum() == pytest.approx(44 / 59.2, abs=1e-5)
+    assert res.rho == pytest.approx([44 / 37] * 4, rel=1e-5)
+
+
+def test_lp_one_gpu_each_is_the_equal_share():
+    # With one V100, one K80 and two jobs, each job's time is capped at 1 and both GPUs are
+    # needed, so any trade helps one job exactly as much as it hurts the other: the max-min
+    # optimum is the equal share itself (t = 1, half the time on each model).
+    res = max_min_fairness(np.array([T_FAST, T_FLAT]), np.ones(2), np.array([1.0, 1.0]))
+    assert res.t == pytest.approx(1.0, rel=1e-6)
+    assert res.X == pytest.approx(np.full((2, 2), 0.5), abs=1e-5)
+
+
+def test_lp_efficiency_stage_uses_spare_gpus():
+    # Two V100s and two K80s for two jobs: both can run on a V100 all the time. Stage one only
+    # pins the flat job (t = 1.2 / 1.1); stage two must still give the fast job its V100.
+    res = max_min_fairness(np.array([T_FAST, T_FLAT]), np.ones(2), np.array([2.0, 2.0]))
+    assert res.t == pytest.approx(1.2 / 1.1, rel=1e-6)
+    assert res.X == pytest.approx(np.array([[1.0, 0.0], [1.0, 0.0]]), abs=1e-6)
+
+
+def test_lp_weights_and_gangs():
+    # Identical jobs on one GPU, weights 2:1 -> time 2/3 : 1/3.
+    res = max_min_fairness(np.array([[1.0], [1.0]]), np.ones(2), np.array([1.0]),
+                           weights=np.array([2.0, 1.0]))
+    assert res.X[:, 0] == pytest.approx([2 / 3, 1 / 3], abs=1e-6)
+    # A 4-GPU gang cannot use a model with 2 GPUs at all.
+    mask = feasible_mask(np.ones((2, 2)), np.array([4.0, 1.0]), np.array([8.0, 2.0]))
+    assert mask.tolist() == [[True, False], [True, True]]
+
+
+def test_lp_jobs_with_no_usable_model_do_not_block_the_rest():
+    allowed = np.array([[False, False], [True, True]])
+    res = max_min_fairness(np.array([T_FAST, T_FLAT]), np.ones(2), np.array([1.0, 1.0]),
+                           allowed=allowed)
+    assert res.X[0].sum() == 0 and res.rho[0] == 0
+    assert res.X[1].sum() == pytest.approx(1.0, abs=1e-6)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 40), st.integers(1, 4), st.integers(0, 2**31 - 1), st.booleans())
+def test_lp_respects_capacity_time_and_fairness(n, m, seed, restrict):
+    rng = np.random.default_rng(seed)
+    T = rng.uniform(0.05, 3.0, (n, m))
+    scale = rng.choice([0.25, 0.5, 1, 2, 4, 8], n)
+    cap = rng.integers(1, 16, m).astype(float)
+    allowed = rng.random((n, m)) < 0.7 if restrict else None
+    res = max_min_fairness(T, scale, cap, allowed=allowed)
+    X = res.X
+    assert (X >= -1e-9).all() and (X <= 1 + 1e-9).all()
+    assert (X.sum(axis=1) <= 1 + 1e-6).all()
+    assert ((X * scale[:, None]).sum(axis=0) <= cap + 1e-6).all()
+    mask = feasible_mask(T, scale, cap, allowed)
+    assert (X[~mask] == 0).all()
+    live = mask.any(axis=1)
+    assert (res.rho[live] >= res.t * (1 - 1e-5) - 1e-7).all()
+    if mask.all():
+        # Sharing incentive: when every job may use every model, the equal share is feasible,
+        # so nobody does worse than under it.
+        assert res.t >= 1 - 1e-6
+    eq = equal_share_throughput(T, scale, cap, mask)
+    assert (eq[live] > 0).all()
+
+
+# -- a tiny owner: applies decisions in the contract's order and checks invariants ----------
+
+def make_cluster(v100: int = 1, k80: int = 1, gpus: int = 1) -> Cluster:
+    nodes = [Node(f"v{i}", 64_000, 256_000, "V100", gpus) for i in range(v100)]
+    nodes += [Node(f"k{i}", 64_000, 256_000, "K80", gpus) for i in range(k80)]
+    return Cluster(tuple(nodes))
+
+
+class Owner:
+    """Keeps job states and the cluster state as the simulator does, minus progress."""
+
+    def __init__(self, cluster: Cluster, jobs: list[Job], policy, cfg=CFG):
+        self.cluster, self.policy, self.cfg = cluster, policy, cfg
+        self.state = ClusterState(cluster)
+        self.jobs = {j.id: JobState(j) for j in jobs}
+        self.on: dict[tuple[int, str], int] = {}  # (job, model) -> passes spent running there
+
+    def running(self) -> dict[int, JobState]:
+        return {i: js for i, js in self.jobs.items() if js.status is JobStatus.RUNNING}
+
+    def step(self, now: float) -> Decisions:
+        pend = [js for js in self.jobs.values()
+                if js.status is JobStatus.PENDING and js.job.submit_time <= now]
+        snap = Snapshot(self.cluster, self.state, sorted(pend, key=self.policy.order),
+                        self.running(), self.cfg)
+        d = self.policy.schedule(snap, now)
+        self.apply(d, now)
+        return d
+
+    def apply(self, d: Decisions, now: float) -> None:
+        ids = [p.job_id for p in d.preempts] + [r.job_id for r in d.resizes]
+        assert len(ids) == len(set(ids)) and set(ids) <= set(self.running())
+        assert len({s.job_id for s in d.starts}) == len(d.starts)
+        assert d.wake_at is None or d.wake_at > now
+        for p in d.preempts:
+            js = self.jobs[p.job_id]
+            assert js.job.preemptible, "a non-preemptible job was preempted"
+            self.state.release(js.allocation, js.job.request)
+            js.status, js.allocation, js.model = JobStatus.PENDING, None, None
+            js.preemptions += 1
+        for r in d.resizes:  # one by one, as the simulator does
+            js = self.jobs[r.job_id]
+            assert js.job.preemptible, "a non-preemptible job was moved"
+            self.state.release(js.allocation, js.job.request)
+            self.state.allocate(r.allocation, js.job.request)
+            js.allocation, js.model, js.start_time = r.allocation, r.model, now
+        for s in d.starts:
+            js = self.jobs[s.job_id]
+            assert js.status is JobStatus.PENDING and s.reason
+            self.state.allocate(s.allocation, js.job.request)
+            js.status, js.allocation, js.model, js.start_time = (
+                JobStatus.RUNNING, s.allocation, s.model, now)
+        self.state.check()
+        for js in self.running().values():
+            self.on[(js.id, js.model)] = self.on.get((js.id, js.model), 0) + 1
+
+
+def job(jid: int, jtype: str, gpus: int = 1, submit: float = 0.0, **kw) -> Job:
+    return Job(jid, submit, 1e9, Request(gpus=gpus), job_type=jtype, **kw)
+
+
+# -- the policy ----------------------------------------------------------------------------
+
+def test_rounds_follow_the_allocation_over_time():
+    # resnet50 is 9x faster on a V100 than on a K80, a3c only 1.7x.
+    jobs = [job(0, "resnet50"), job(1, "resnet50"), job(2, "a3c"), job(3, "a3c")]
+    pol = Gavel()
+    owner = Owner(make_cluster(), jobs, pol)
+    rounds = 300
+    for r in range(rounds):
+        owner.step(r * ROUND)
+    X = {j.id: pol.allocation(j.id) for j in jobs}
+    assert pol.fairness > 1.0  # better than the equal share for everybody
+    for j in jobs:
+        got = np.array([owner.on.get((j.id, m), 0) for m in ("V100", "K80")]) / rounds
+        assert got == pytest.approx(X[j.id], abs=0.03), j.id
+    assert X[0][1] < 1e-4 and X[1][1] < 1e-4  # resnet50 never on the K80
+    on_k80 = sum(owner.on.get((j, "K80"), 0) for j in (2, 3))
+    assert on_k80 / rounds == pytest.approx(1.0, abs=0.02)  # the K80 goes to a3c
+
+
+def test_swaps_are_ordered_so_the_owner_never_over_commits():
+    # Two jobs, one 8-GPU node of each model, each job 8 GPUs: every round they swap models,
+    # a cycle that no order of resizes can apply; one side must be preempted and restarted.
+    cluster = make_cluster(gpus=8)
+    pol = Gavel()
+    owner = Owner(cluster, [job(0, "resnet50", 8), job(1, "resnet50", 8)], pol)
+    d = owner.step(0.0)
+    assert [(s.job_id, s.model) for s in d.starts] == [(0, "V100"), (1, "K80")]
+    restarts = 0
+    for r in range(1, 12):
+        d = owner.step(r * ROUND)
+        restarted = {p.job_id for p in d.preempts} & {s.job_id for s in d.starts}
+        assert len(restarted) == len(d.resizes) <= 1  # one restarts, the other moves
+        restarts += len(restarted)
+        assert {owner.jobs[0].model, owner.jobs[1].model} == {"V100", "K80"}
+    assert restarts >= 4
+    assert pol.allocation(0) == pytest.approx([0.5, 0.5], abs=1e-5)
+    assert pol.received_share(0) == pytest.approx([0.5, 0.5], abs=0.1)
+
+
+def test_only_a_move_on_a_cycle_is_restarted():
+    # B and C swap GPUs (a cycle); A waits for one of B's GPUs (behind the cycle, not on it).
+    cluster = make_cluster(v100=1, k80=0, gpus=8)
+    state = ClusterState(cluster)
+    req = {0: Request(gpus=1), 1: Request(gpus=2), 2: Request(gpus=2)}
+    old = {0: (0,), 1: (1, 2), 2: (3, 4)}
+    new = {0: (2,), 1: (3, 4), 2: (1, 5)}
+    moves, jobs = [], {}
+    for jid in (0, 1, 2):
+        js = JobState(Job(jid, 0.0, 1e9, req[jid]), status=JobStatus.RUNNING,
+                      allocation=Allocation((WorkerSlot(0, old[jid]),)))
+        state.allocate(js.allocation, req[jid])
+        jobs[jid] = js
+        moves.append((js, Allocation((WorkerSlot(0, new[jid]),)), 0))
+    pol = Gavel()
+    pol._reset(cluster.models)
+    pol._X = {j: np.array([1.0]) for j in jobs}
+    d = Decisions()
+    pol._order_moves(cluster, moves, d)
+    assert [p.job_id for p in d.preempts] == [1] and [s.job_id for s in d.starts] == [1]
+    assert sorted(r.job_id for r in d.resizes) == [0, 2]
+    for p in d.preempts:  # apply as the owner does
+        state.release(jobs[p.job_id].allocation, req[p.job_id])
+    for r in d.resizes:
+        state.release(jobs[r.job_id].allocation, req[r.job_id])
+        state.allocate(r.allocation, req[r.job_id])
+    for st_ in d.starts:
+        state.allocate(st_.allocation, req[st_.job_id])
+    state.check()
+
+
+def test_decisions_never_over_commit_under_churn():
+    rng = random.Random(7)
+    cluster = Cluster(tuple(
+        [Node(f"v{i}", 64_000, 512_000, "V100", 4, rack=f"r{i % 2}") for i in range(4)]
+        + [Node(f"p{i}", 64_000, 512_000, "P100", 8) for i in range(2)]
+        + [Node(f"k{i}", 64_000, 512_000, "K80", 8) for i in range(2)]))
+    types = ["resnet50", "a3c", "lm", "transformer", "recommendation"]
+    jobs = []
+    for i in range(60):
+        kind = rng.random()
+        req = (Request(gpu_milli=rng.choice([250, 500]), gpu_memory_mib=2048) if kind < 0.2
+               else Request(gpus=rng.choice([1, 2, 4]), workers=rng.choice([1, 1, 2])))
+        jobs.append(Job(i, rng.uniform(0, 20 * ROUND), 1e9, req, job_type=rng.choice(types),
+                        preemptible=rng.random() > 0.1))
+    pol = Gavel(max_jobs=30)
+    owner = Owner(cluster, jobs, pol)
+    now = 0.0
+    for _ in range(120):
+        d = owner.step(now)
+        for s in d.starts:
+            assert s.model == cluster.nodes[s.allocation.slots[0].node].gpu_model
+        # Finish a running job now and then, and wake at arrivals as well as at round ends.
+        run = sorted(owner.running())
+        if run and rng.random() < 0.3:
+            js = owner.jobs[rng.choice(run)]
+            owner.state.release(js.allocation, js.job.request)
+            js.status, js.allocation = JobStatus.COMPLETED, None
+        now = min(d.wake_at or now + ROUND, now + rng.uniform(1, ROUND))
+
+
+def test_mid_round_passes_only_fill_free_gpus():
+    pol = Gavel()
+    owner = Owner(make_cluster(v100=1, k80=1), [job(0, "a3c"), job(1, "a3c"),
+                                               job(2, "a3c", submit=10.0)], pol)
+    d = owner.step(0.0)
+    assert len(d.starts) == 2 and d.wake_at == ROUND
+    d = owner.step(10.0)  # a new job mid-round, cluster full: nobody moves
+    assert not d and d.wake_at == ROUND
+    assert "waiting for a lease" in d.waiting[2]
+    d = owner.step(ROUND)  # the round ends: the newcomer has priority (never run)
+    assert 2 in {s.job_id for s in d.starts} and len(d.preempts) == 1
+
+
+def test_non_preemptible_jobs_hold_their_gpus():
+    pol = Gavel()
+    jobs = [job(0, "a3c", preemptible=False), job(1, "a3c", submit=1.0),
+            job(2, "a3c", submit=1.0)]
+    owner = Owner(make_cluster(v100=1, k80=1), jobs, pol)
+    owner.step(0.0)
+    for r in range(1, 10):
+        owner.step(r * ROUND)  # Owner.apply asserts it is never preempted or moved
+    assert owner.on[(0, owner.jobs[0].model)] == 10
+    assert sum(owner.on.get((j, m), 0) for j in (1, 2) for m in ("V100", "K80")) == 9
+
+
+def test_active_window_and_lp_resolved_only_on_change(monkeypatch):
+    calls = []
+    real = lp.max_min_fairness
+
+    def counting(*a, **kw):
+        calls.append(1)
+        return real(*a, **kw)
+
+    monkeypatch.setattr("plinth.sched.policies.gavel.max_min_fairness", counting)
+    pol = Gavel(max_jobs=2)
+    owner = Owner(make_cluster(), [job(0, "a3c"), job(1, "lm"), job(2, "lm", submit=1.0)], pol)
+    d = owner.step(0.0)
+    owner.step(ROUND)
+    assert len(calls) == 1  # same active set: no new solve
+    d = owner.step(2 * ROUND)
+    assert d.waiting[2] == "outside Gavel's active window (the 2 oldest jobs)"
+    assert len(calls) == 1
+    owner.jobs[0].status = JobStatus.COMPLETED
+    owner.state.release(owner.jobs[0].allocation, owner.jobs[0].job.request)
+    d = owner.step(2 * ROUND + 5)  # mid-round: the newcomer fills the free GPU, no solve yet
+    assert len(calls) == 1 and 2 in {s.job_id for s in d.starts}
+    owner.step(3 * ROUND)
+    assert len(calls) == 2
+    owner.step(4 * ROUND)
+    assert len(calls) == 2
+
+
+def test_registry_builds_gavel():
+    assert isinstance(make_policy("gavel", max_jobs=10), Gavel)
+    with pytest.raises(ValueError, match="max_jobs"):
+        Gavel(max_jobs=0)
