@@ -7,12 +7,15 @@ import time
 from collections import Counter
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from plinth.core.resources import Cluster, Node, Request, TenantQuota
 from plinth.core.workload import Job
 from plinth.sched.placement import place
 from plinth.sched.policies import make_policy
-from plinth.sched.policies.drf import FairShare, tenant_queues
+from plinth.sched.policies.drf import FairShare
+from plinth.sched.quota import tenant_queues
 from plinth.sched.state import ClusterState
 from plinth.sched.types import Decisions, JobState, JobStatus, SchedConfig, Snapshot
 
@@ -27,16 +30,17 @@ def make_cluster(nodes: int = 2, gpus: int = 8, cpus: int = 64_000,
 
 
 def job(tenant: str, gpus: int = 1, cpus: int = 1000, submit: float | None = None,
-        priority: int = 0) -> Job:
+        priority: int = 0, duration: float = 3600.0) -> Job:
     i = next(_ids)
-    return Job(i, float(i) if submit is None else submit, 3600.0,
+    return Job(i, float(i) if submit is None else submit, duration,
                Request(gpus=gpus, cpus_milli=cpus, memory_mib=1000), tenant=tenant,
                priority=priority)
 
 
 def snapshot(cluster: Cluster, policy: FairShare, pending: list[Job],
              running: list[tuple[Job, float]] = (), cfg: SchedConfig | None = None) -> Snapshot:
-    """`running` holds (job, start time) pairs; they are placed in the order given."""
+    """`running` holds (job, start time) pairs; they are placed in the order given. Running
+    jobs have made no progress yet, so each is expected to end its duration from now."""
     state = ClusterState(cluster)
     run = {}
     for j, started in running:
@@ -44,7 +48,7 @@ def snapshot(cluster: Cluster, policy: FairShare, pending: list[Job],
         assert alloc is not None, "scenario does not fit"
         state.allocate(alloc, j.request)
         run[j.id] = JobState(j, JobStatus.RUNNING, alloc, start_time=started,
-                             first_start=started, progress=NOW - started)
+                             first_start=started, rate=1.0)
     queue = sorted((JobState(j) for j in pending), key=policy.order)
     return Snapshot(cluster, state, queue, run, cfg or SchedConfig())
 
@@ -117,10 +121,14 @@ def test_idle_tenant_submits_and_reclaims_its_quota() -> None:
     assert d.preempts[0].reason == "Reclaimed by b: a was borrowing 8 GPUs (16/8 nominal)"
     assert d.preempts[-1].reason == "Reclaimed by b: a was borrowing 1 GPUs (9/8 nominal)"
     assert all("b reclaimed its nominal quota from a" in s.reason for s in d.starts)
-    for why in d.waiting.values():  # b's jobs beyond its nominal quota wait for quota
-        assert why == "Quota: b uses 8/8 nominal GPUs and cannot borrow 1 more " \
-                      "(cohort default has 0 idle)"
-    assert len(d.waiting) == 4
+    # b's jobs beyond its nominal quota wait for quota; the first holds it for when a's
+    # jobs are expected to end, so that b's later jobs cannot take it first.
+    why = [d.waiting[js.id] for js in snap.pending[8:]]
+    assert why[0] == ("Quota: b uses 8/8 nominal GPUs and cannot borrow 1 more (cohort default "
+                      "has 0 idle); first in line for b's quota, expected from "
+                      f"t={NOW + 3600:.0f}s")
+    assert why[1:] == ["Quota: b uses 8/8 nominal GPUs and cannot borrow 1 more "
+                       "(cohort default has 0 idle)"] * 3
 
 
 def test_reclaim_prefers_victims_with_least_unsaved_work() -> None:
@@ -164,7 +172,7 @@ def test_borrowing_limit_is_honoured() -> None:
     snap = snapshot(cluster, pol, [job("a") for _ in range(20)])
     d = pol.schedule(snap, NOW)
     assert apply(snap, d) == {"a": 12}
-    assert d.waiting[snap.pending[12].id] == (
+    assert d.waiting[snap.pending[12].id].startswith(
         "Quota: a uses 12/8 nominal GPUs; this job (1 GPUs) would borrow 5, "
         "over its borrowing limit of 4")
 
@@ -175,7 +183,8 @@ def test_job_larger_than_any_quota_says_it_can_never_run() -> None:
     snap = snapshot(cluster, pol, [job("a", gpus=8)])
     d = pol.schedule(snap, NOW)
     assert not d.starts
-    assert "more than a can ever hold (4 nominal + 2 it may borrow)" in d.waiting[snap.pending[0].id]
+    why = d.waiting[snap.pending[0].id]
+    assert "more than a can ever hold (4 nominal + 2 it may borrow)" in why
 
 
 def test_drf_picks_lowest_dominant_share_including_cpu() -> None:
@@ -286,6 +295,55 @@ def test_preemption_within_tenant_by_priority() -> None:
     assert apply(snap, d) == {"a": 4, "b": 4}
 
 
+# -- invariants ------------------------------------------------------------------------------
+
+_tenants = st.sampled_from("abc")
+_jobs = st.tuples(_tenants, st.sampled_from([1, 1, 2, 4, 8]), st.sampled_from([600.0, 7200.0]))
+
+
+@settings(max_examples=60, deadline=None)
+@given(running=st.lists(st.tuples(_jobs, st.sampled_from([0.0, NOW - 60])), max_size=12),
+       pending=st.lists(_jobs, max_size=30),
+       nominal=st.tuples(*[st.sampled_from([0, 4, 8, 12])] * 3),
+       limit=st.sampled_from([None, 0, 4]))
+def test_decisions_keep_the_invariants(running, pending, nominal, limit) -> None:
+    quotas_ = tuple(TenantQuota(n, g, borrowing_limit=limit) for n, g in zip("abc", nominal))
+    cluster = make_cluster(nodes=3, tenants=quotas_)
+    pol = FairShare()
+    state = ClusterState(cluster)
+    fits = []  # keep only the running jobs that fit, as the owner would have
+    for (t, g, dur), started in running:
+        j = job(t, gpus=g, duration=dur)
+        if place(state, j.request) is not None:
+            state.allocate(place(state, j.request), j.request)
+            fits.append((j, started))
+    snap = snapshot(cluster, pol, [job(t, gpus=g, duration=dur) for t, g, dur in pending], fits)
+    before = apply(snap, Decisions())
+    d = pol.schedule(snap, NOW)
+    after = apply(snap, d)  # nothing over-committed
+    nominal_of = {q.name: q.nominal_gpus for q in quotas_}
+    for p in d.preempts:  # only borrowers lose jobs, only to reclaim, only past min runtime
+        victim = snap.running[p.job_id]
+        assert before[victim.job.tenant] > nominal_of[victim.job.tenant]
+        assert p.reason.startswith("Reclaimed by ")
+        assert NOW - victim.start_time >= snap.config.min_runtime
+    # Each start keeps its tenant within nominal, or borrows within its limit and within
+    # the cohort's quota (checked in order, with the victims' GPUs already given back).
+    usage = before.copy()
+    for p in d.preempts:
+        usage[snap.running[p.job_id].job.tenant] -= snap.running[p.job_id].job.request.num_gpus
+    by_id = {js.id: js.job for js in snap.pending}
+    for s in d.starts:
+        t, g = by_id[s.job_id].tenant, by_id[s.job_id].request.num_gpus
+        if usage[t] + g > nominal_of[t]:
+            assert limit is None or usage[t] + g - nominal_of[t] <= limit
+            assert sum(usage.values()) + g <= sum(nominal)
+        usage[t] += g
+    assert usage == after
+    examined = {s.job_id for s in d.starts} | set(d.waiting)
+    assert examined == {js.id for js in snap.pending}  # small queue: every job gets a reason
+
+
 # -- tenants and the queue -------------------------------------------------------------------
 
 def test_unknown_tenant_only_borrows() -> None:
@@ -335,19 +393,54 @@ def test_waiting_jobs_examined_per_tenant_are_bounded() -> None:
     assert len(d.starts) == 4
     tenant = {js.id: js.job.tenant for js in snap.pending}
     assert Counter(tenant[j] for j in d.waiting) == {"a": 3, "b": 5}
-    assert len(set(why for j, why in d.waiting.items() if tenant[j] == "b")) == 1
+    b_waits = [why for j, why in d.waiting.items() if tenant[j] == "b"]
+    assert b_waits[0].endswith(f"first in line for b's quota, expected from t={NOW + 3600:.0f}s")
+    assert len(set(b_waits[1:])) == 1
+
+
+def test_quota_hold_keeps_small_jobs_from_starving_a_big_one() -> None:
+    # a's 8-GPU job needs quota that a 4-GPU job holds until t=NOW+7200. A 1-GPU job that ends
+    # before then may go ahead; one that would still run then would delay the big job.
+    cluster = make_cluster(nodes=1, tenants=quotas(a=8))
+    running = [(job("a", gpus=4, duration=7200), 0.0)]
+    big = job("a", gpus=8)
+    short, long = job("a", duration=3600), job("a", duration=9000)
+    pol = FairShare()
+    d = pol.schedule(snapshot(cluster, pol, [big, short, long], running), NOW)
+    assert [s.job_id for s in d.starts] == [short.id]
+    assert d.waiting[big.id].endswith(f"first in line for a's quota, expected from "
+                                      f"t={NOW + 7200:.0f}s")
+    assert d.waiting[long.id] == (f"Quota: would delay job {big.id} of a, first in line for "
+                                  f"its quota from t={NOW + 7200:.0f}s")
+    off = FairShare(reserve=False)  # best effort: the big job may wait for ever
+    d = off.schedule(snapshot(cluster, off, [big, short, long], running), NOW)
+    assert [s.job_id for s in d.starts] == [short.id, long.id]
+
+
+def test_gpu_reservation_for_the_first_job_waiting_for_room() -> None:
+    # Quota allows the 8-GPU job, but no node has 8 free GPUs until n0's 6-GPU job ends at
+    # t=NOW+7200. Of n0's 2 free GPUs, one 1-GPU job may use one only if it ends by then.
+    cluster = make_cluster(nodes=2, tenants=quotas(a=32))
+    running = [(job("a", gpus=6, duration=7200), 0.0), (job("a", gpus=8, duration=9000), 0.0)]
+    big = job("a", gpus=8)
+    short, long = job("a", duration=3600), job("a", duration=9000)
+    pol = FairShare()
+    snap = snapshot(cluster, pol, [big, short, long], running)
+    d = pol.schedule(snap, NOW)
+    assert [s.job_id for s in d.starts] == [short.id]
+    assert d.waiting[big.id].endswith(f"first in line, GPUs reserved from t={NOW + 7200:.0f}s")
+    assert d.waiting[long.id] == (f"Resources: would delay job {big.id}, which has GPUs "
+                                  f"reserved from t={NOW + 7200:.0f}s")
+    apply(snap, d)
 
 
 def test_strict_fifo_blocks_behind_the_head() -> None:
     cluster = make_cluster(nodes=1, tenants=quotas(a=8))
     pol = FairShare(strict_fifo=True)
-    running = [(job("a", gpus=4), 0.0)]
+    running = [(job("a", gpus=4, duration=7200), 0.0)]
     big, small = job("a", gpus=8), job("a", gpus=1)
     d = pol.schedule(snapshot(cluster, pol, [big, small], running), NOW)
     assert not d.starts and d.waiting[small.id] == f"Queue: behind job {big.id} of a (strict FIFO)"
-    best = FairShare()
-    d = best.schedule(snapshot(cluster, best, [big, small], running), NOW)
-    assert [s.job_id for s in d.starts] == [small.id]
 
 
 def test_snapshot_is_left_unchanged() -> None:

@@ -176,6 +176,18 @@ def test_starving_job_is_promoted_and_preempts():
     apply(before, d)
 
 
+def test_promoted_job_competes_in_queue_0_by_submit_time():
+    cl, st, pol = setup()
+    running(st, make_job(1, 2), attained=10)
+    fresh = pending(make_job(2, 2, submit=500))  # queue 0
+    starved = pending(make_job(3, 2, submit=0), attained=4_000, since=0)  # queue 1
+    for now, first in ((7_000, 2), (16_000, 3)):  # ran 2000 s: promoted from t = 8 * 2000
+        snap = snapshot(pol, cl, st, [fresh, starved], [])
+        d = pol.schedule(snap, now)
+        assert [s.job_id for s in d.starts] == [first]
+        apply(snap, d)
+
+
 def test_starvation_guard_ignores_jobs_that_never_ran_and_can_be_off():
     pol = Tiresias()
     assert pol.starve_limit(pending(make_job(1, 4), attained=0)) is None

@@ -51,23 +51,22 @@ def find_victims(
     pcfg = placement or cfg.placement
     scratch = work.copy()
     victims: list[JobState] = []
-    need = req.gpu_milli_total
-    freed = 0
+    short = req.gpu_milli_total - work.free_milli  # GPU share still missing, free share counted
     for js in candidates:
         if js.allocation is None or not can_preempt(js, now, cfg):
             continue
         scratch.release(js.allocation, js.job.request)
         victims.append(js)
-        freed += js.allocation.gpu_milli_total
-        if freed < need and req.gpu_milli_total > 0:
+        short -= js.allocation.gpu_milli_total
+        if short > 0:
             continue  # cannot fit yet: skip the placement attempt
         alloc = place(scratch, req, pcfg)
         if alloc is not None:
-            return _prune(work, req, victims, alloc, pcfg)
+            return prune_victims(work, req, victims, alloc, pcfg)
     return None
 
 
-def _prune(work: ClusterState, req: Request, victims: list[JobState], alloc: Allocation,
+def prune_victims(work: ClusterState, req: Request, victims: list[JobState], alloc: Allocation,
            pcfg: PlacementConfig) -> tuple[list[JobState], ClusterState, Allocation]:
     """Drop victims that turned out unnecessary (most important first)."""
     keep = list(victims)
@@ -83,3 +82,6 @@ def _prune(work: ClusterState, req: Request, victims: list[JobState], alloc: All
     for v in keep:
         scratch.release(v.allocation, v.job.request)  # type: ignore[arg-type]
     return keep, scratch, alloc
+
+
+_prune = prune_victims  # the name the policies first used

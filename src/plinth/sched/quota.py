@@ -13,10 +13,11 @@ its nominal quotas through borrowing).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from plinth.core.resources import MILLI, Cluster, Request, TenantQuota
+from plinth.sched.types import JobState
 
 # How a tenant would hold a job it asks to start.
 NOMINAL, BORROW, NO_QUOTA = "nominal", "borrow", "no-quota"
@@ -114,6 +115,29 @@ class QuotaBook:
         others_usage = self.cohort_usage[t.cohort] - t.gpu
         return max(0, others_nominal - others_usage)
 
+    def admits(self, t: TenantUsage, milli: int, used: int, cohort_used: int) -> bool:
+        """The rule `verdict` explains, on given usage: within nominal, or borrowing within
+        the limit while the cohort's usage stays within its nominal quota."""
+        after = used + milli
+        if after <= t.nominal:
+            return True
+        if t.limit is not None and after - t.nominal > t.limit:
+            return False
+        return cohort_used + milli <= self.cohort_nominal[t.cohort]
+
+    def expected_at(self, t: TenantUsage, milli: int,
+                    ends: Iterable[tuple[float, str, int]]) -> float | None:
+        """When t could start a job of `milli`, if the running jobs end as estimated. `ends`
+        holds (end time, tenant, milli-GPUs) of the running jobs in t's cohort, by time."""
+        used, cohort_used = t.gpu, self.cohort_usage[t.cohort]
+        for end, tenant, held in ends:
+            cohort_used -= held
+            if tenant == t.name:
+                used -= held
+            if self.admits(t, milli, used, cohort_used):
+                return end
+        return None
+
     def verdict(self, t: TenantUsage, milli: int, freed: int = 0) -> Verdict:
         """May t start a job of `milli` milli-GPUs, after giving up `freed` of its own?"""
         after = t.gpu - freed + milli
@@ -141,3 +165,93 @@ class QuotaBook:
                                      f"(cohort {t.cohort} has {gpus(spare)} idle)")
         return Verdict(BORROW, f"{t.name} borrowing {gpus(borrow)} GPUs from cohort {t.cohort} "
                                f"({gpus(after)}/{gpus(t.nominal)} nominal with this job)")
+
+
+# -- tenants' jobs ---------------------------------------------------------------------------
+
+def tenant_queues(pending: Sequence[JobState], check: int = 16
+                  ) -> dict[str, Sequence[JobState]]:
+    """Each tenant's pending jobs in queue order, as views into `pending` (no copies).
+
+    `pending` is sorted by the policy's order, so grouped by tenant, and each group's end is
+    found by binary search. A queue caught not grouped (say, kept in submit order) is split
+    by a full scan instead: the first `check` jobs of each group must be the group's tenant,
+    and a group that ends sooner must end where the search says.
+    """
+    queues: dict[str, Sequence[JobState]] = {}
+    n, i, last = len(pending), 0, None
+    while i < n:
+        t = pending[i].job.tenant
+        if last is not None and t <= last:
+            return _scan_queues(pending)
+        j = i
+        while j < n and j - i < check and pending[j].job.tenant == t:
+            j += 1
+        lo, hi = j, n
+        while lo < hi:  # first index past tenant t
+            mid = (lo + hi) // 2
+            if pending[mid].job.tenant <= t:
+                lo = mid + 1
+            else:
+                hi = mid
+        if lo > j and (j - i < check or pending[lo - 1].job.tenant != t):
+            return _scan_queues(pending)
+        queues[t] = _View(pending, i, lo)
+        i, last = lo, t
+    return queues
+
+
+def _scan_queues(pending: Sequence[JobState]) -> dict[str, Sequence[JobState]]:
+    queues: dict[str, list[JobState]] = {}
+    for js in pending:
+        queues.setdefault(js.job.tenant, []).append(js)
+    return queues  # type: ignore[return-value]
+
+
+class _View(Sequence):
+    """pending[lo:hi] without copying (the queue may be a large sorted container)."""
+
+    __slots__ = ("seq", "lo", "hi")
+
+    def __init__(self, seq: Sequence[JobState], lo: int, hi: int) -> None:
+        self.seq, self.lo, self.hi = seq, lo, hi
+
+    def __len__(self) -> int:
+        return self.hi - self.lo
+
+    def __getitem__(self, k):  # type: ignore[override]
+        if isinstance(k, slice):
+            return [self.seq[self.lo + x] for x in range(*k.indices(len(self)))]
+        if not 0 <= k < len(self):
+            raise IndexError(k)
+        return self.seq[self.lo + k]
+
+    def __iter__(self) -> Iterator[JobState]:
+        islice = getattr(self.seq, "islice", None)  # a sorted container walks in O(1) a step
+        if islice is not None:
+            return iter(islice(self.lo, self.hi))
+        return (self.seq[k] for k in range(self.lo, self.hi))
+
+
+class Donor:
+    """A borrowing tenant's preemptible jobs, handed out as reclaim victims. Jobs no larger
+    than what it still borrows come first, so reclaim tries not to push it below nominal."""
+
+    __slots__ = ("tenant", "left", "jobs", "pos", "deferred", "dpos")
+
+    def __init__(self, tenant: TenantUsage, borrowed: int, jobs: list[JobState]) -> None:
+        self.tenant, self.left, self.jobs, self.pos = tenant, borrowed, jobs, 0
+        self.deferred: list[JobState] = []  # too large when seen; `left` only shrinks after
+        self.dpos = 0
+
+    def next(self) -> JobState | None:
+        while self.pos < len(self.jobs):
+            js = self.jobs[self.pos]
+            self.pos += 1
+            if js.job.request.gpu_milli_total <= self.left:
+                return js
+            self.deferred.append(js)
+        if self.dpos < len(self.deferred):
+            self.dpos += 1
+            return self.deferred[self.dpos - 1]
+        return None

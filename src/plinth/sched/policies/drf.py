@@ -18,6 +18,9 @@ limit, a cohort and a weight (`TenantQuota`, see `plinth.sched.quota` for the bo
   A tenant at or below nominal is never a victim; jobs no larger than what a tenant borrows are
   taken first, but when all its jobs are larger, one may take it below nominal (as in Kueue,
   else the reclaiming tenant could never get its guarantee). Borrowing jobs never preempt.
+- Reservation (`reserve`, on by default): the first job in line that waits for room gets the
+  GPUs it would have when running jobs end as estimated, as in EASY backfill, so that jobs
+  needing a whole node are not starved by a stream of small ones.
 - `preempt_within_tenant` (off by default): a job may also preempt lower-priority jobs of its
   own tenant, to make room or to free the tenant's own quota (Kueue's withinClusterQueue).
 
@@ -31,14 +34,18 @@ get no new reason.
 from __future__ import annotations
 
 import heapq
+import itertools
+import math
 from collections.abc import Iterable, Iterator, Sequence
 
 from plinth.core.resources import MILLI, Allocation, Cluster, Request, TenantQuota
+from plinth.sched.backfill import _GPU_ONLY, _masked, _reservation, _without
 from plinth.sched.placement import place
 from plinth.sched.preemption import (_prune, can_preempt, find_victims, guaranteed_runtime,
                                      victim_order)
 from plinth.sched.policies.base import Policy
-from plinth.sched.quota import NO_QUOTA, NOMINAL, QuotaBook, TenantUsage, derive_quotas, gpus
+from plinth.sched.quota import (NO_QUOTA, NOMINAL, Donor, QuotaBook, TenantUsage, derive_quotas,
+                                gpus, tenant_queues)
 from plinth.sched.state import ClusterState
 from plinth.sched.types import Decisions, JobState, Preempt, Snapshot, Start
 
@@ -54,7 +61,7 @@ class FairShare(Policy):
 
     def __init__(self, *, quotas: Sequence[TenantQuota] | None = None, depth: int = 16,
                  reclaim: bool = True, preempt_within_tenant: bool = False,
-                 strict_fifo: bool = False) -> None:
+                 strict_fifo: bool = False, reserve: bool = True) -> None:
         if depth < 1:
             raise ValueError(f"drf: depth must be at least 1, got {depth}")
         self.quotas = tuple(quotas) if quotas is not None else None
@@ -62,6 +69,7 @@ class FairShare(Policy):
         self.reclaim = reclaim
         self.preempt_within_tenant = preempt_within_tenant
         self.strict_fifo = strict_fifo  # a tenant's blocked job also blocks the ones behind it
+        self.reserve = reserve  # the first job waiting for room gets GPUs reserved (EASY)
         self._derived_for: Cluster | None = None
         self._seen: frozenset[str] = frozenset()
         self._derived: tuple[TenantQuota, ...] = ()
@@ -95,86 +103,35 @@ class FairShare(Policy):
         return p.d
 
 
-def tenant_queues(pending: Sequence[JobState], check: int = 16
-                  ) -> dict[str, Sequence[JobState]]:
-    """Each tenant's pending jobs in queue order, as views into `pending` (no copies).
+class _Queue:
+    """A tenant's pending jobs being read in this pass: the next one, and those put off to
+    the borrowing round."""
 
-    `pending` is sorted by the policy's order, so grouped by tenant, and each group's end is
-    found by binary search. A queue caught not grouped (say, kept in submit order) is split
-    by a full scan instead: the first `check` jobs of each group must be the group's tenant,
-    and a group that ends sooner must end where the search says.
-    """
-    queues: dict[str, Sequence[JobState]] = {}
-    n, i, last = len(pending), 0, None
-    while i < n:
-        t = pending[i].job.tenant
-        if last is not None and t <= last:
-            return _scan_queues(pending)
-        j = i
-        while j < n and j - i < check and pending[j].job.tenant == t:
-            j += 1
-        lo, hi = j, n
-        while lo < hi:  # first index past tenant t
-            mid = (lo + hi) // 2
-            if pending[mid].job.tenant <= t:
-                lo = mid + 1
-            else:
-                hi = mid
-        if lo > j and (j - i < check or pending[lo - 1].job.tenant != t):
-            return _scan_queues(pending)
-        queues[t] = _View(pending, i, lo)
-        i, last = lo, t
-    return queues
+    __slots__ = ("name", "it", "head", "waits", "seen", "later", "active", "done")
 
+    def __init__(self, name: str, jobs: Sequence[JobState]) -> None:
+        self.name, self.it = name, iter(jobs)
+        self.head: JobState | None = next(self.it, None)
+        self.waits = self.seen = 0  # jobs that waited: after a real check, and in all
+        self.later: list[JobState] = []
+        self.active = self.head is not None  # more to read in this round
+        self.done = False  # nothing more in this pass (strict FIFO)
 
-def _scan_queues(pending: Sequence[JobState]) -> dict[str, Sequence[JobState]]:
-    queues: dict[str, list[JobState]] = {}
-    for js in pending:
-        queues.setdefault(js.job.tenant, []).append(js)
-    return queues  # type: ignore[return-value]
+    def advance(self) -> None:
+        self.head = next(self.it, None)
+        self.active = self.active and self.head is not None
 
+    def put_off(self) -> None:
+        self.later.append(self.head)  # type: ignore[arg-type]
+        self.advance()
 
-class _View(Sequence):
-    """pending[lo:hi] without copying (the queue may be a large sorted container)."""
-
-    __slots__ = ("seq", "lo", "hi")
-
-    def __init__(self, seq: Sequence[JobState], lo: int, hi: int) -> None:
-        self.seq, self.lo, self.hi = seq, lo, hi
-
-    def __len__(self) -> int:
-        return self.hi - self.lo
-
-    def __getitem__(self, k):  # type: ignore[override]
-        if isinstance(k, slice):
-            return [self.seq[self.lo + x] for x in range(*k.indices(len(self)))]
-        if not 0 <= k < len(self):
-            raise IndexError(k)
-        return self.seq[self.lo + k]
-
-
-class _Donor:
-    """A borrowing tenant's preemptible jobs, handed out as reclaim victims. Jobs no larger
-    than what it still borrows come first, so reclaim tries not to push it below nominal."""
-
-    __slots__ = ("tenant", "left", "jobs", "pos", "deferred", "dpos")
-
-    def __init__(self, tenant: TenantUsage, jobs: list[JobState]) -> None:
-        self.tenant, self.left, self.jobs, self.pos = tenant, tenant.gpu - tenant.nominal, jobs, 0
-        self.deferred: list[JobState] = []  # too large when seen; `left` only shrinks after
-        self.dpos = 0
-
-    def next(self) -> JobState | None:
-        while self.pos < len(self.jobs):
-            js = self.jobs[self.pos]
-            self.pos += 1
-            if js.job.request.gpu_milli_total <= self.left:
-                return js
-            self.deferred.append(js)
-        if self.dpos < len(self.deferred):
-            self.dpos += 1
-            return self.deferred[self.dpos - 1]
-        return None
+    def second_round(self) -> None:
+        """Read again: the jobs put off first, then from where the first round stopped."""
+        rest = [self.head] if self.head is not None else []
+        self.it = itertools.chain(self.later, rest, self.it)
+        self.later, self.waits, self.seen = [], 0, 0
+        self.head = next(self.it, None)
+        self.active = self.head is not None and not self.done
 
 
 class _Pass:
@@ -189,82 +146,129 @@ class _Pass:
         self.failed: dict[tuple, str] = {}  # preemption searches that failed in this pass
         self.blocked: dict[tuple, tuple[int, str]] = {}  # see `admit`
         self._running: dict[str, list[JobState]] | None = None
+        self.reservation: tuple[int, float, frozenset[int]] | None = None  # job, from, GPUs
+        self.avoid: ClusterState | None = None  # `work` with the reserved GPUs taken
+        self.holds: dict[str, tuple[int, float]] = {}  # tenant -> job, time: see `hold`
+        self.jobs: dict[int, JobState] = {}  # the jobs examined, by id
+        self.gpu_before = {name: t.gpu for name, t in book.tenants.items()}
+        self._ends: list[tuple[float, int, str, int]] | None = None  # see `hold`
 
     def run(self, queues: dict[str, Sequence[JobState]]) -> None:
+        """Two rounds, as Kueue orders its heads: first every job that keeps its tenant
+        within nominal quota, then the jobs that would borrow. Lending quota first and then
+        reclaiming it in the same pass would only thrash. In each round the tenant with the
+        lowest weighted dominant share goes next."""
+        qs = {name: _Queue(name, jobs) for name, jobs in queues.items()}
+        self.round(qs, borrowing=False)
+        for q in qs.values():
+            q.second_round()
+        self.round(qs, borrowing=True)
+
+    def round(self, qs: dict[str, _Queue], borrowing: bool) -> None:
         book, depth, scan = self.book, self.policy.depth, max(self.cfg.backfill_depth, 1)
-        cursor = dict.fromkeys(queues, 0)
-        waits = dict.fromkeys(queues, 0)  # jobs that needed a placement or quota check
-        seen = dict.fromkeys(queues, 0)  # all jobs examined that wait
 
-        def key(name: str) -> tuple[bool, float, str]:
-            # As Kueue orders its heads: a job within its tenant's nominal quota before any
-            # that would borrow (lending first and reclaiming at once would only thrash),
-            # then the lowest weighted dominant share, then the name for determinism.
-            t, req = book.tenant(name), queues[name][cursor[name]].job.request
-            return (t.gpu + req.gpu_milli_total > t.nominal, book.share(t), name)
+        def line(names: Iterable[str]) -> list[tuple[float, str]]:
+            return [(book.share(book.tenant(n)), n) for n in names if qs[n].active]
 
-        def line(names: Iterable[str]) -> list[tuple[bool, float, str]]:
-            return [key(t) for t in names if cursor[t] < len(queues[t])]
-
-        heap = line(queues)
+        heap = line(qs)
         heapq.heapify(heap)
         while heap:
-            name = heapq.heappop(heap)[-1]
-            jobs, i = queues[name], cursor[name]
-            cursor[name] = i + 1
-            preempts = len(self.d.preempts)
-            outcome = self.admit(jobs[i])
-            if outcome != STARTED:
-                # Jobs that start cost one placement each and are bounded by the cluster;
-                # jobs that wait are bounded per tenant, so a long queue costs no more:
-                # `depth` that needed real work, `backfill_depth` in all (as Slurm's
-                # bf_max_job_test), so small jobs behind a run of blocked big ones still start.
-                waits[name] += outcome == WAITS
-                seen[name] += 1
+            q = qs[heapq.heappop(heap)[-1]]
+            t, preempts = book.tenant(q.name), len(self.d.preempts)
+            # A job that waits changes nothing, so the tenant keeps its turn for the jobs
+            # behind it until one starts.
+            while q.active:
+                js = q.head
+                assert js is not None
+                milli = js.job.request.gpu_milli_total
+                if not borrowing and t.gpu + milli > t.nominal:
+                    # Held for the second round; if even borrowing cannot admit it now, hold
+                    # the tenant's quota for it already, so that its small jobs in this
+                    # round cannot starve it.
+                    if (self.policy.reserve and q.name not in self.holds and not
+                            book.admits(t, milli, t.gpu, book.cohort_usage[t.cohort])):
+                        self.hold(js, t)
+                    if t.gpu >= t.nominal:  # no job of it is within nominal any more
+                        q.active = False
+                        break
+                    q.put_off()
+                    if self.policy.strict_fifo or len(q.later) >= scan:
+                        q.active = False  # nothing behind may go first / enough read
+                    continue
+                self.jobs[js.id] = js
+                q.advance()
+                outcome = self.admit(js)
+                if outcome == STARTED:
+                    break
+                # Starts cost a placement each and are bounded by the cluster; waiting jobs
+                # are bounded per tenant: `depth` that needed a real check, `backfill_depth`
+                # in all (as Slurm's bf_max_job_test), so small jobs still start from behind
+                # a run of blocked big ones, while a long queue costs no more.
+                q.waits += outcome == WAITS
+                q.seen += 1
                 if self.policy.strict_fifo:
-                    for js in jobs[i + 1:i + depth]:
-                        self.d.waiting[js.id] = (f"Queue: behind job {jobs[i].id} of {name} "
-                                                 f"(strict FIFO)")
-                    cursor[name] = len(jobs)
-                elif waits[name] >= depth or seen[name] >= scan:
-                    cursor[name] = len(jobs)
+                    why = f"Queue: behind job {js.id} of {q.name} (strict FIFO)"
+                    behind = [*q.later, *([q.head] if q.head else []),
+                              *itertools.islice(q.it, depth - 1)]
+                    for other in behind:
+                        self.d.waiting[other.id] = why
+                    q.active, q.done, q.later, q.head = False, True, [], None
+                elif q.waits >= depth or q.seen >= scan:
+                    q.active = False
             if len(self.d.preempts) != preempts:
                 # Victims' tenants now hold less, so their place in line moved up.
-                heap = line(t for t in queues if t != name)
+                heap = line(n for n in qs if n != q.name)
                 heapq.heapify(heap)
-            if cursor[name] < len(jobs):
-                heapq.heappush(heap, key(name))
+            if q.active:
+                heapq.heappush(heap, (book.share(t), q.name))
 
     # -- one job -----------------------------------------------------------------------------
     def admit(self, js: JobState) -> str:
         """STARTED, WAITS, or REPEAT: it waits for the same reason as an identical job just
         before it (same tenant, request and priority, nothing started or preempted since),
         found without a placement, so runs of blocked look-alike jobs cost next to nothing."""
-        key = (js.job.tenant, js.job.request, js.job.priority)
+        held, hold = self.reservation, self.holds.get(js.job.tenant)
+        end = self.now + js.remaining_estimate if held or hold else 0.0
+        late = held is not None and end > held[1]
+        key = (js.job.tenant, js.job.request, js.job.priority, held is None, late,
+               hold is None, hold is not None and end > hold[1],
+               hold is not None and hold[0] == js.id)
         version = len(self.d.starts) + len(self.d.preempts)
         hit = self.blocked.get(key)
         if hit is not None and hit[0] == version:
             self.d.waiting[js.id] = hit[1]
             return REPEAT
-        if self._admit(js):
+        if self._admit(js, late):
             return STARTED
         self.blocked[key] = (version, self.d.waiting[js.id])
         return WAITS
 
-    def _admit(self, js: JobState) -> bool:
+    def _admit(self, js: JobState, late: bool) -> bool:
         t = self.book.tenant(js.job.tenant)
         req = js.job.request
+        hold = self.holds.get(t.name)
+        if (hold is not None and req.gpu_milli_total
+                and self.now + js.remaining_estimate > hold[1]):
+            self.d.waiting[js.id] = (f"Quota: would delay job {hold[0]} of {t.name}, first in "
+                                     f"line for its quota from t={hold[1]:.0f}s")
+            return False
         v = self.book.verdict(t, req.gpu_milli_total)
         if v.kind == NO_QUOTA:
             if self.policy.preempt_within_tenant and self.within_tenant(js, t):
                 return True
-            self.d.waiting[js.id] = v.text
+            self.d.waiting[js.id] = v.text + (self.hold(js, t) if self.policy.reserve else "")
             return False
-        alloc = place(self.work, req, self.cfg.placement)
+        # A job that would still run when the reserved GPUs are due must avoid them.
+        held, avoid = self.reservation, self.avoid
+        alloc = place(avoid if late and avoid is not None else self.work, req, self.cfg.placement)
         if alloc is not None:
             self.start(js, t, alloc, ("Admitted: " if v.kind == NOMINAL
                                       else "Admitted (borrowing): ") + v.text)
             return True
+        if late and held is not None and place(self.work, req, self.cfg.placement) is not None:
+            self.d.waiting[js.id] = (f"Resources: would delay job {held[0]}, which has GPUs "
+                                     f"reserved from t={held[1]:.0f}s")
+            return False
         if v.kind == NOMINAL:
             why = self.reclaim(js, t) if self.policy.reclaim else "reclaim is off"
             if why is None:
@@ -275,11 +279,62 @@ class _Pass:
             why = f"{v.text}, and a borrowing job never preempts"
         if self.policy.preempt_within_tenant and self.within_tenant(js, t):
             return True
+        if self.reservation is None and self.policy.reserve:
+            why += self.reserve(js)
         self.d.waiting[js.id] = f"Resources: {gpus(req.gpu_milli_total)} GPUs not free; {why}"
         return False
 
+    def reserve(self, js: JobState) -> str:
+        """Reserve GPUs for the first job in line that waits for room (EASY backfill): later
+        jobs may only take them if they end before it could start. Without this, a stream of
+        small jobs starves gang jobs that need a whole node, and the queue silts up with them."""
+        snap = self.snap
+        if self.preempted:  # their GPUs are free already: do not release them twice
+            running = {i: r for i, r in snap.running.items() if i not in self.preempted}
+            snap = Snapshot(snap.cluster, snap.state, snap.pending, running, snap.config)
+        started = [(self.jobs[s.job_id], s.allocation) for s in self.d.starts]
+        shadow, reserved = _reservation(snap, self.now, self.work, js, started, False)
+        if math.isinf(shadow):
+            return ""
+        self.reservation = (js.id, shadow, reserved)
+        self.avoid = _without(self.work, reserved)
+        return f"; first in line, GPUs reserved from t={shadow:.0f}s"
+
+    def hold(self, js: JobState, t: TenantUsage) -> str:
+        """Hold t's quota for its first job that waits for quota, as a reservation does for
+        GPUs: t's later jobs may only start if they end before this one could. Otherwise
+        quota freed a GPU at a time goes to small jobs and a large one waits for ever."""
+        held = self.holds.get(t.name)
+        if held is not None:
+            return (f"; first in line for {t.name}'s quota, expected from t={held[1]:.0f}s"
+                    if held[0] == js.id else "")
+        if self._ends is None:  # running jobs by expected end, once per pass
+            self._ends = sorted((r.expected_end(self.now), r.id, r.job.tenant,
+                                 r.job.request.gpu_milli_total)
+                                for r in self.snap.running.values())
+        started = sorted((self.now + self.jobs[s.job_id].remaining_estimate, s.job_id,
+                          self.jobs[s.job_id].job.tenant,
+                          self.jobs[s.job_id].job.request.gpu_milli_total)
+                         for s in self.d.starts)
+        cohort = t.cohort
+        ends = ((end, name, milli) for end, jid, name, milli in heapq.merge(self._ends, started)
+                if jid not in self.preempted and self.book.tenant(name).cohort == cohort)
+        when = self.book.expected_at(t, js.job.request.gpu_milli_total, ends)
+        if when is None:
+            return ""
+        self.holds[t.name] = (js.id, when)
+        return f"; first in line for {t.name}'s quota, expected from t={when:.0f}s"
+
+    def set_work(self, work: ClusterState) -> None:
+        """Plan on `work` from now on (after preemptions released GPUs)."""
+        self.work = work
+        if self.reservation is not None:
+            self.avoid = _without(work, self.reservation[2])
+
     def start(self, js: JobState, t: TenantUsage, alloc: Allocation, reason: str) -> None:
         self.work.allocate(alloc, js.job.request)
+        if self.avoid is not None and self.reservation is not None:
+            self.avoid.allocate(_masked(alloc, self.reservation[2]), _GPU_ONLY)
         self.book.charge(t.name, js.job.request)
         self.d.starts.append(Start(js.id, alloc, reason))
 
@@ -340,11 +395,16 @@ class _Pass:
                 return _prune(work, req, seen[:i + 1], alloc, self.cfg.placement)
         return None
 
+    def borrowed(self, o: TenantUsage) -> int:
+        """What o borrows and may be reclaimed: only what it borrowed before this pass, as
+        anything it started in this pass came after every job within nominal quota."""
+        return min(o.gpu, self.gpu_before.get(o.name, 0)) - o.nominal
+
     def reclaim(self, js: JobState, t: TenantUsage) -> str | None:
         """Start `js` by preempting borrowed jobs in t's cohort; None on success, else why not."""
         req = js.job.request
         donors = [o for o in self.book.tenants.values()
-                  if o.cohort == t.cohort and o is not t and o.gpu > o.nominal]
+                  if o.cohort == t.cohort and o is not t and self.borrowed(o) > 0]
         if not donors:
             return f"no other tenant in cohort {t.cohort} is borrowing, so nothing to reclaim"
         key = ("reclaim", t.cohort, req)
@@ -368,7 +428,7 @@ class _Pass:
             f"Reclaimed by {t.name}: {v.job.tenant} was borrowing "
             f"{gpus(borrowed[v.job.tenant])} GPUs ({gpus(usage[v.job.tenant][0])}/"
             f"{gpus(usage[v.job.tenant][1])} nominal)"))
-        self.work = scratch
+        self.set_work(scratch)
         after = t.gpu + req.gpu_milli_total
         self.start(js, t, alloc, f"Admitted: {t.name} reclaimed its nominal quota from "
                                  f"{', '.join(donors_used)} ({gpus(after)}/{gpus(t.nominal)} "
@@ -379,7 +439,7 @@ class _Pass:
                        ) -> Iterator[JobState]:
         """Victim candidates, lazily: always from the tenant that is currently the most over
         its quota, and only while it is still over it."""
-        pool = [_Donor(o, self.running_of(o.name)) for o in donors]
+        pool = [Donor(o, self.borrowed(o), self.running_of(o.name)) for o in donors]
         while pool:
             donor = min(pool, key=lambda x: (-x.left, x.tenant.name))
             js = donor.next() if donor.left > 0 else None
@@ -425,7 +485,7 @@ class _Pass:
         victims, scratch, alloc = found
         self.preempt(victims, lambda v: (
             f"Preempted by job {js.id} of {t.name}: priority {prio} over {v.job.priority}"))
-        self.work = scratch
+        self.set_work(scratch)
         v = self.book.verdict(t, req.gpu_milli_total)
         self.start(js, t, alloc, f"Admitted over lower-priority jobs of {t.name}: {v.text}")
         return True

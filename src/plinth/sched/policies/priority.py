@@ -25,16 +25,17 @@ of who was preempted for whom.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 from plinth.core.errors import SpecError
 from plinth.core.resources import Allocation, Request
 from plinth.sched.backfill import easy_backfill
 from plinth.sched.placement import place
 from plinth.sched.policies.base import Policy
+# `_prune` is private to preemption.py; it is reused here (not copied) until the shared
+# find_victims is fixed, see `PreemptionPlan._search`.
 from plinth.sched.preemption import _prune, can_preempt, guaranteed_runtime, victim_order
-from plinth.sched.state import ClusterState
-from plinth.sched.types import Decisions, JobState, Preempt, SchedConfig, Snapshot, Start
+from plinth.sched.types import Decisions, JobState, Preempt, Snapshot, Start
 
 # Never ask to be woken sooner than this after `now`: float rounding in the owner's bookkeeping
 # could otherwise leave a threshold a hair uncrossed and make it call again at the same instant.
@@ -60,8 +61,7 @@ class PreemptionPlan:
 
     def try_start(self, js: JobState, reason: str) -> bool:
         """Start `js` on free resources if it fits."""
-        req = js.job.request
-        alloc = place(self.work, req, self.cfg.placement)
+        alloc = place(self.work, js.job.request, self.cfg.placement)
         if alloc is None:
             return False
         self._start(js, alloc, reason)
@@ -69,34 +69,36 @@ class PreemptionPlan:
 
     def try_preempt(self, js: JobState, may_preempt: Callable[[JobState], bool],
                     start_reason: Callable[[list[JobState]], str],
-                    victim_reason: Callable[[JobState], str], key: object = None) -> str | None:
+                    victim_reason: Callable[[JobState], str], key: object) -> str | None:
         """Start `js` by preempting running jobs that `may_preempt` allows, least important
         first. Returns None when it worked, else why not, in words for the user.
 
-        `key` names the candidate set (say, the job's priority): a request shape that failed
+        `may_preempt` must hold for a prefix of the running jobs ranked by `importance` (true
+        when both compare the same thing), so the scan stops at the first job it rejects.
+        `key` names that prefix (the job's priority or queue): a request shape that failed
         against a key fails again for the rest of the pass, since starts only take resources
         and victims only leave the candidates, until a preemption frees more than it uses."""
         req = js.job.request
-        if key is not None and (req, key) in self._failed:
+        if (req, key) in self._failed:
             return self._failed[req, key]
-        cands = [c for c in self._ranked_running()
-                 if c.id not in self.victims and c.allocation is not None and may_preempt(c)]
-        if not cands:
-            return f"no {self.whom} is running"
         if self.tries_left <= 0:
             return "preemption deferred to a later pass (per-pass limit reached)"
+        cands = []
+        for c in self._ranked_running():
+            if not may_preempt(c):
+                break
+            if c.id not in self.victims:
+                cands.append(c)
+        if not cands:
+            return f"no {self.whom} is running"
         self.tries_left -= 1
-        eligible = [c for c in cands if can_preempt(c, self.now, self.cfg)]
-        found = find_victims(self.work, req, eligible, self.now, self.cfg)
-        if found is None:
-            why = self._why_not(js, cands)
-            if key is not None:
-                self._failed[req, key] = why
+        victims, alloc, why = self._search(req, cands)
+        if alloc is None:
+            self._failed[req, key] = why
             return why
-        victims, scratch, alloc = found
-        self.work = scratch
         self._failed.clear()
         for v in victims:
+            self.work.release(v.allocation, v.job.request)  # type: ignore[arg-type]
             self.victims[v.id] = v
             self.d.preempts.append(Preempt(v.id, victim_reason(v)))
         self._start(js, alloc, start_reason(victims))
@@ -130,62 +132,50 @@ class PreemptionPlan:
         self.started.append((js, alloc))
         self.d.starts.append(Start(js.id, alloc, reason))
 
-    def _why_not(self, js: JobState, cands: list[JobState]) -> str:
-        """Preemption failed. If the job would fit once protected victims may be preempted,
-        say until when and ask to be woken then, since no other event may come sooner."""
-        cfg, now = self.cfg, self.now
-        # Non-preemptible jobs and jobs at the preemption cap never become victims.
-        eventual = [c for c in cands
-                    if c.job.preemptible and c.preemptions < cfg.max_preemptions]
+    def _search(self, req: Request, cands: list[JobState]
+                ) -> tuple[list[JobState], Allocation | None, str]:
+        """One scan for victims. Release, on a scratch copy, the candidates that may be
+        preempted now, in order, until `req` fits: those are the victims (pruned). If it still
+        does not fit, go on with the candidates inside their guaranteed runtime: if it fits
+        then, waiting helps, so say until when and ask to be woken then (no other event may
+        come sooner). Non-preemptible jobs and jobs at the preemption cap never count.
+
+        Like `plinth.sched.preemption.find_victims`, except that its cheap "cannot fit yet"
+        test also counts the share already free: the shared one counts only the victims'
+        share, so a gang that needs free GPUs plus a victim's (2 free + 2 freed for 4) never
+        finds its victim."""
+        cfg, now, work = self.cfg, self.now, self.work
         nothing = f"preempting every eligible {self.whom} would not make room"
-        if all(can_preempt(c, now, cfg) for c in eventual):
-            return nothing
-        found = _release_until_fits(self.work, js.job.request, eventual, cfg)
-        if found is None:
-            return nothing
-        until = min(((c.start_time if c.start_time is not None else now)
-                     + guaranteed_runtime(c, cfg) for c in found[0]
-                     if not can_preempt(c, now, cfg)), default=None)
-        if until is None:
-            return nothing
-        self.wake = until if self.wake is None else min(self.wake, until)
-        return f"a {self.whom} it needs is inside its guaranteed runtime until t={until:.0f}s"
-
-
-def find_victims(work: ClusterState, req: Request, candidates: Sequence[JobState], now: float,
-                 cfg: SchedConfig) -> tuple[list[JobState], ClusterState, Allocation] | None:
-    """`plinth.sched.preemption.find_victims`, except that its cheap "cannot fit yet" test
-    counts the GPU share already free as well as what the victims free. The shared version
-    counts only the victims' share, so a job that needs free GPUs plus a victim's (2 free + 2
-    freed for a 4-GPU gang) never finds its victim. Drop this once the shared one is fixed."""
-    eligible = [c for c in candidates if c.allocation is not None and can_preempt(c, now, cfg)]
-    found = _release_until_fits(work, req, eligible, cfg)
-    if found is None:
-        return None
-    victims, _, alloc = found
-    return _prune(work, req, victims, alloc, cfg.placement)
-
-
-def _release_until_fits(work: ClusterState, req: Request, jobs: Sequence[JobState],
-                        cfg: SchedConfig) -> tuple[list[JobState], ClusterState, Allocation] | None:
-    """Release `jobs` in order on a copy of `work` until `req` fits: the jobs released, the
-    copy and the allocation found, or None. Gives up before copying anything when the jobs'
-    GPU share and the free share together fall short, the common case in a busy cluster."""
-    short = req.gpu_milli_total - int(work.gpu_free_milli.sum())
-    if short > sum(js.allocation.gpu_milli_total for js in jobs):  # type: ignore[union-attr]
-        return None
-    scratch = work.copy()
-    released: list[JobState] = []
-    for js in jobs:
-        scratch.release(js.allocation, js.job.request)  # type: ignore[arg-type]
-        released.append(js)
-        short -= js.allocation.gpu_milli_total  # type: ignore[union-attr]
-        if short > 0:
-            continue  # not enough GPU share in total yet: skip the placement attempt
-        alloc = place(scratch, req, cfg.placement)
-        if alloc is not None:
-            return released, scratch, alloc
-    return None
+        eligible: list[JobState] = []
+        protected: list[JobState] = []
+        for c in cands:
+            if can_preempt(c, now, cfg):
+                eligible.append(c)
+            elif c.job.preemptible and c.preemptions < cfg.max_preemptions:
+                protected.append(c)
+        short = req.gpu_milli_total - int(work.gpu_free_milli.sum())
+        if short > sum(c.job.request.gpu_milli_total for c in eligible + protected):
+            return [], None, nothing  # the common case in a busy cluster: no copy needed
+        scratch = work.copy()
+        released: list[JobState] = []
+        for c in eligible + protected:
+            scratch.release(c.allocation, c.job.request)  # type: ignore[arg-type]
+            released.append(c)
+            short -= c.job.request.gpu_milli_total
+            if short > 0:
+                continue  # not enough GPU share in total yet: skip the placement attempt
+            alloc = place(scratch, req, cfg.placement)
+            if alloc is None:
+                continue
+            if len(released) <= len(eligible):
+                victims, _, alloc = _prune(work, req, released, alloc, cfg.placement)
+                return victims, alloc, ""
+            until = min((p.start_time if p.start_time is not None else now)
+                        + guaranteed_runtime(p, cfg) for p in released[len(eligible):])
+            self.wake = until if self.wake is None else min(self.wake, until)
+            return [], None, (f"a {self.whom} it needs is inside its guaranteed runtime "
+                              f"until t={until:.0f}s")
+        return [], None, nothing
 
 
 class StrictPriority(Policy):
@@ -208,7 +198,7 @@ class StrictPriority(Policy):
         # Victims: lowest priority first, then least unsaved work (newest checkpoint).
         plan = PreemptionPlan(snap, now, d, depth=self.preempt_depth,
                               importance=lambda v: v.job.priority, whom="lower-priority job")
-        pending = list(snap.pending)
+        pending = snap.pending  # may be long: read lazily, never copied
         notes: dict[int, str] = {}
 
         head = len(pending)
@@ -219,16 +209,18 @@ class StrictPriority(Policy):
             if why is not None:
                 notes[js.id], head = why, i
                 break
-        rest = pending[head:]
-        if not rest:
+        if head == len(pending):
             d.wake_at = plan.wake_at()
             return d
+        # Phases 2 and 3 look at no more than backfill_depth jobs past the head.
+        depth = snap.config.backfill_depth
+        rest = list(pending[head:head + depth + 1])
 
         if self.backfill:  # phase 2
             easy_backfill(plan.backfill_view(), now, plan.work, rest, d, "priority")
         else:
             d.waiting[rest[0].id] = "Resources: first in line (no backfill)"
-            for js in rest[1:snap.config.backfill_depth]:
+            for js in rest[1:]:
                 d.waiting[js.id] = f"Resources: waiting behind job {rest[0].id}"
         top = rest[0].job.priority
         started = {s.job_id for s in d.starts}

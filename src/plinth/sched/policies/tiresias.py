@@ -18,7 +18,8 @@ is promoted to queue 0 for the pass (Tiresias' STARVELIMIT knob); 0 or None turn
 
 The order key reads only `attained`, which does not change while a job waits, so the owner can
 keep the queue sorted incrementally. Promotion is decided per pass from `pending_since` and
-`executed` and does not change the key: the pass re-sorts its own copy. Unlike the reference
+`executed` and does not change the key: the pass merges promoted jobs into queue 0 by submit
+time (it stays promoted in every pass until it runs, as `pending_since` keeps). Unlike the reference
 simulator, promotion does not reset the job's service, so once running it is in the queue its
 service says; its guaranteed runtime (min_runtime with backoff) keeps it from flapping.
 
@@ -26,11 +27,15 @@ service says; its guaranteed runtime (min_runtime with backoff) keeps it from fl
 grows at num_gpus per second of wall time), when a waiting job would reach its starvation limit,
 or when victims a waiting job needs leave their guaranteed runtime, whichever is first, so
 demotions and promotions happen on time without polling.
+
+A pass examines at most `backfill_depth` jobs past the first that waits (as Slurm's
+bf_max_job_test) and lets at most `preempt_depth` of them search for victims.
 """
 
 from __future__ import annotations
 
 import bisect
+import heapq
 from collections.abc import Sequence
 
 from plinth.core.errors import SpecError
@@ -46,7 +51,8 @@ class Tiresias(Policy):
     preemptive = True
 
     def __init__(self, *, thresholds: Sequence[float] = DEFAULT_THRESHOLDS,
-                 starve_factor: float | None = 8.0, preempt_depth: int = 8) -> None:
+                 starve_factor: float | None = 8.0, preempt_depth: int = 8,
+                 starve_scan: int = 100) -> None:
         thr = tuple(float(t) for t in thresholds)
         if any(t <= 0 for t in thr) or any(b <= a for a, b in zip(thr, thr[1:])):
             raise SpecError(
@@ -58,6 +64,7 @@ class Tiresias(Policy):
         self.thresholds = thr
         self.starve_factor = starve_factor or None
         self.preempt_depth = preempt_depth
+        self.starve_scan = starve_scan
 
     def queue_of(self, attained: float) -> int:
         """Queue index by attained GPU-seconds; reaching a threshold exactly demotes."""
@@ -76,18 +83,33 @@ class Tiresias(Policy):
         d = Decisions()
         depth = snap.config.backfill_depth
 
-        # Effective queue per waiting job: its own, or 0 while it is starving.
+        # Effective queue per waiting job: its own, or 0 while it is starving. The pending
+        # queue is sorted by `order`, so queue q's jobs are one contiguous run, oldest first.
+        # Only jobs that have run (queue > 0) can starve; the oldest `starve_scan` of each
+        # lower queue are checked, which keeps a pass bounded however long the queue grows.
+        thr, factor = self.thresholds, self.starve_factor
+        pending = snap.pending
         promoted: dict[int, str] = {}
-        entries: list[tuple[int, float, int, JobState]] = []
-        for js in snap.pending:
-            q = self.queue_of(js.attained)
-            limit = self.starve_limit(js)
-            if limit is not None and now + MIN_WAKE >= limit:
-                promoted[js.id] = (f"promoted from queue {q}: waited {now - js.pending_since:.0f}s"
-                                   f" >= {self.starve_factor:g} x {js.executed:.0f}s run")
-                q = 0
-            entries.append((q, js.job.submit_time, js.id, js))
-        entries.sort(key=lambda e: e[:3])  # near-sorted already: timsort makes this cheap
+        lifted: list[tuple[int, float, int, JobState]] = []
+        ahead: list[tuple[float, JobState]] = []  # starvation limits still to come
+        if factor is not None:
+            for q in range(1, len(thr) + 1):
+                first = bisect.bisect_left(pending, (q,), key=self.order)
+                for js in pending[first:first + self.starve_scan]:
+                    if bisect.bisect_right(thr, js.attained) != q:
+                        break
+                    limit = js.pending_since + factor * js.executed
+                    if now + MIN_WAKE >= limit:
+                        promoted[js.id] = (f"promoted from queue {q}: waited "
+                                           f"{now - js.pending_since:.0f}s >= {factor:g} x "
+                                           f"{js.executed:.0f}s run")
+                        lifted.append((0, js.job.submit_time, js.id, js))
+                    else:
+                        ahead.append((limit, js))
+        lifted.sort(key=lambda e: e[:3])
+        stay = ((bisect.bisect_right(thr, js.attained), js.job.submit_time, js.id, js)
+                for js in pending if js.id not in promoted)
+        entries = heapq.merge(lifted, stay, key=lambda e: e[:3]) if lifted else stay
 
         run_q = {i: self.queue_of(v.attained) for i, v in snap.running.items()}
         top_run_q = max(run_q.values(), default=-1)
@@ -98,11 +120,33 @@ class Tiresias(Policy):
         first_waiting: int | None = None
         examined = 0
         waiting_q: dict[int, int] = {}
+        # Whole-GPU gangs with no other demand fail monotonically: if n workers of g GPUs
+        # cannot start or preempt at queue q, neither can more workers at queue q or below.
+        # floors[g] = (fewest workers that failed, its reason); reset by any preemption,
+        # since a preemption can free more than it uses.
+        floors: dict[int, tuple[int, str]] = {}
+        preempts_seen = 0
         for q, _, _, js in entries:
             if first_waiting is not None:
                 examined += 1
                 if examined > depth:  # as Slurm's bf_max_job_test: bound the pass
                     break
+                if (plan.work.free_milli == 0 and js.job.request.gpu_milli_total
+                        and (q >= top_run_q or plan.tries_left <= 0)):
+                    break  # no GPU free and no more preemption: nothing behind can start
+            req = js.job.request
+            if len(d.preempts) != preempts_seen:
+                floors.clear()
+                preempts_seen = len(d.preempts)
+            plain = req.gpus and not (req.cpus_milli or req.memory_mib or req.gpu_models)
+            if plain:
+                floor = floors.get(req.gpus)
+                if floor is not None and req.workers >= floor[0]:
+                    # A smaller gang of the same shape, as high or higher in the queues,
+                    # could neither start nor preempt: neither can this one.
+                    waiting_q[js.id] = q
+                    d.waiting[js.id] = floor[1]
+                    continue
             note = f" ({promoted[js.id]})" if js.id in promoted else ""
             if plan.try_start(js, f"tiresias: queue {q}{note}"):
                 continue
@@ -125,42 +169,31 @@ class Tiresias(Policy):
                 first_waiting = js.id
             waiting_q[js.id] = q
             d.waiting[js.id] = f"Resources: queue {q}{note}, does not fit; {why}"
+            if plain and len(d.preempts) == preempts_seen:
+                floors[req.gpus] = (req.workers, d.waiting[js.id])
 
-        d.wake_at = plan.wake_at(self._next_demotion(plan, waiting_q),
-                                 self._next_promotion(snap, d, promoted))
+        started = {s.job_id for s in d.starts}
+        next_promotion = min((t for t, js in ahead if js.id not in started), default=None)
+        d.wake_at = plan.wake_at(self._next_demotion(plan, run_q, waiting_q), next_promotion)
         return d
 
-    def _next_demotion(self, plan: PreemptionPlan, waiting_q: dict[int, int]) -> float | None:
+    def _next_demotion(self, plan: PreemptionPlan, run_q: dict[int, int],
+                       waiting_q: dict[int, int]) -> float | None:
         """When the next running (or just started) job crosses its queue's threshold. Only
         demotions that can make a job a victim matter: below some waiting job's queue, of a
         job that may be preempted at all."""
         if not waiting_q:
             return None
         best_waiting = min(waiting_q.values())
-        cap = plan.cfg.max_preemptions
-        jobs = [js for i, js in plan.snap.running.items() if i not in plan.victims]
-        jobs += [js for js, _ in plan.started]
+        last, cap = len(self.thresholds), plan.cfg.max_preemptions
+        jobs = [(js, run_q[i]) for i, js in plan.snap.running.items() if i not in plan.victims]
+        jobs += [(js, self.queue_of(js.attained)) for js, _ in plan.started]
         best: float | None = None
-        for js in jobs:
-            q = self.queue_of(js.attained)
+        for js, q in jobs:
+            if q >= last or best_waiting > q or not js.job.preemptible or js.preemptions >= cap:
+                continue
             gpus = js.job.request.num_gpus
-            if (q >= len(self.thresholds) or gpus <= 0 or best_waiting > q
-                    or not js.job.preemptible or js.preemptions >= cap):
-                continue
-            t = plan.now + (self.thresholds[q] - js.attained) / gpus
-            best = t if best is None else min(best, t)
-        return best
-
-    def _next_promotion(self, snap: Snapshot, d: Decisions, promoted: dict[int, str]
-                        ) -> float | None:
-        """When the next job left waiting (examined this pass or not) reaches its starvation
-        limit."""
-        started = {s.job_id for s in d.starts}
-        best: float | None = None
-        for js in snap.pending:
-            if js.id in started or js.id in promoted:
-                continue
-            limit = self.starve_limit(js)
-            if limit is not None:
-                best = limit if best is None else min(best, limit)
+            if gpus > 0:
+                t = plan.now + (self.thresholds[q] - js.attained) / gpus
+                best = t if best is None or t < best else best
         return best
