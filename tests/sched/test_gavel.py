@@ -289,6 +289,25 @@ def test_non_preemptible_jobs_hold_their_gpus():
     assert sum(owner.on.get((j, m), 0) for j in (1, 2) for m in ("V100", "K80")) == 9
 
 
+@pytest.mark.parametrize("interval, kept", [(600.0, True), (0.0, False)])
+def test_lease_is_extended_rather_than_lose_unsaved_work(interval, kept):
+    # One GPU, a job that ran a round without reaching a checkpoint, and a newcomer that has
+    # never run (infinite priority). Preempting would lose 360 s of work, unless preemption
+    # loses nothing (checkpoint_interval = 0).
+    cfg = SchedConfig(checkpoint_interval=interval)
+    pol = Gavel()
+    owner = Owner(make_cluster(v100=1, k80=0), [job(0, "a3c"), job(1, "a3c", submit=1.0)],
+                  pol, cfg)
+    owner.step(0.0)
+    owner.jobs[0].progress = ROUND  # unsaved: nothing checkpointed yet
+    d = owner.step(ROUND)
+    assert (not d.preempts) is kept
+    owner.jobs[0].checkpointed = ROUND  # a checkpoint: now the lease can end
+    if kept:
+        d = owner.step(2 * ROUND)
+        assert [p.job_id for p in d.preempts] == [0] and [s.job_id for s in d.starts] == [1]
+
+
 def test_active_window_and_lp_resolved_only_on_change(monkeypatch):
     calls = []
     real = lp.max_min_fairness

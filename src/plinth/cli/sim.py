@@ -24,7 +24,7 @@ def _progress() -> Progress:
                     TimeElapsedColumn(), console=console, transient=True)
 
 
-def _run(jobs, cluster, policies, cfg, alibaba, title, json_path, out):  # noqa: ANN001
+def _run(jobs, cluster, policies, cfg, alibaba, title, json_path, out):
     with _progress() as bar:
         tasks: dict[str, object] = {}
 

@@ -6,6 +6,16 @@ from plinth.core.resources import Allocation, Cluster, Node, Request, WorkerSlot
 from plinth.core.workload import Job
 
 __all__ = [
-    "PlinthError", "SpecError", "TraceError", "GPU_CATALOG", "GpuModel", "gpu_model",
-    "Allocation", "Cluster", "Node", "Request", "WorkerSlot", "Job",
+    "GPU_CATALOG",
+    "Allocation",
+    "Cluster",
+    "GpuModel",
+    "Job",
+    "Node",
+    "PlinthError",
+    "Request",
+    "SpecError",
+    "TraceError",
+    "WorkerSlot",
+    "gpu_model",
 ]

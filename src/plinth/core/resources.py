@@ -113,7 +113,7 @@ class Cluster:
 
     nodes: tuple[Node, ...]
     name: str = "cluster"
-    tenants: tuple["TenantQuota", ...] = field(default=())
+    tenants: tuple[TenantQuota, ...] = field(default=())
 
     def __post_init__(self) -> None:
         if not self.nodes:

@@ -36,7 +36,7 @@ _MEMORY = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(Mi|Gi|Ti)?\s*$")
 _UNIT_MIB = {None: 1, "Mi": 1, "Gi": 1024, "Ti": 1024 * 1024}
 
 
-def parse_memory(value: int | float | str) -> int:
+def parse_memory(value: float | str) -> int:
     """MiB from an int (already MiB) or a string such as ``512Gi``, ``2048Mi`` or ``1Ti``."""
     if isinstance(value, bool):  # bool is an int subclass; `memory: true` is a mistake
         raise ValueError(f"expected MiB or a size like 512Gi, got {value!r}")

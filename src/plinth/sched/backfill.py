@@ -22,7 +22,7 @@ from plinth.sched.placement import place
 from plinth.sched.state import ClusterState
 from plinth.sched.types import Decisions, JobState, Snapshot, Start
 
-_GPU_ONLY = Request()  # book-keeping on `avoid` counts GPU share only
+GPU_ONLY = Request()  # book-keeping on `avoid` counts GPU share only
 
 
 def easy_backfill(snap: Snapshot, now: float, work: ClusterState, queue: Iterable[JobState],
@@ -44,8 +44,8 @@ def easy_backfill(snap: Snapshot, now: float, work: ClusterState, queue: Iterabl
             if alloc is None:
                 head = js
                 blocked.append(js)
-                shadow, reserved = _reservation(snap, now, work, js, started, oracle)
-                avoid = _without(work, reserved)
+                shadow, reserved = reservation(snap, now, work, js, started, oracle)
+                avoid = without_reserved(work, reserved)
                 when = "unknown" if math.isinf(shadow) else f"t={shadow:.0f}s"
                 d.waiting[js.id] = f"Resources: first in line, GPUs reserved from {when}"
                 behind = f"Resources: waiting behind job {js.id}"
@@ -64,7 +64,7 @@ def easy_backfill(snap: Snapshot, now: float, work: ClusterState, queue: Iterabl
                 blocked.append(js)
                 d.waiting[js.id] = behind if target is work else delays
                 continue
-            avoid.allocate(_masked(alloc, reserved), _GPU_ONLY)  # type: ignore[union-attr]
+            avoid.allocate(masked(alloc, reserved), GPU_ONLY)  # type: ignore[union-attr]
             why = backfilled
         work.allocate(alloc, req)
         started.append((js, alloc))
@@ -72,23 +72,23 @@ def easy_backfill(snap: Snapshot, now: float, work: ClusterState, queue: Iterabl
     return blocked
 
 
-def _masked(alloc: Allocation, reserved: frozenset[int]) -> Allocation:
+def masked(alloc: Allocation, reserved: frozenset[int]) -> Allocation:
     """The part of `alloc` on unreserved GPUs (reserved ones are already taken on `avoid`)."""
     return Allocation(tuple(WorkerSlot(s.node, (g,), s.milli, s.gpu_memory_mib)
                             for s in alloc.slots for g in s.gpus if g not in reserved))
 
 
-def _without(work: ClusterState, reserved: frozenset[int]) -> ClusterState:
+def without_reserved(work: ClusterState, reserved: frozenset[int]) -> ClusterState:
     avoid = work.copy()
     slots = tuple(WorkerSlot(int(work.cluster.gpu_node[g]), (g,), int(work.gpu_free_milli[g]),
                              int(work.gpu_free_mem[g]))
                   for g in sorted(reserved) if work.gpu_free_milli[g] > 0)
     if slots:
-        avoid.allocate(Allocation(slots), _GPU_ONLY)
+        avoid.allocate(Allocation(slots), GPU_ONLY)
     return avoid
 
 
-def _reservation(snap: Snapshot, now: float, work: ClusterState, head: JobState,
+def reservation(snap: Snapshot, now: float, work: ClusterState, head: JobState,
                  started: list[tuple[JobState, Allocation]], oracle: bool
                  ) -> tuple[float, frozenset[int]]:
     """When and where `head` would start if the running jobs end as estimated."""

@@ -82,6 +82,3 @@ def prune_victims(work: ClusterState, req: Request, victims: list[JobState], all
     for v in keep:
         scratch.release(v.allocation, v.job.request)  # type: ignore[arg-type]
     return keep, scratch, alloc
-
-
-_prune = prune_victims  # the name the policies first used

@@ -9,10 +9,14 @@ that other tenants of its cohort leave idle, and only up to its own borrowing li
 tenants already borrow is taken out of that idle pool first, so two borrowers can never lend
 themselves the same idle GPU twice (equivalently: the cohort's usage never exceeds the sum of
 its nominal quotas through borrowing).
+
+Also here, as tenant book-keeping for the fair-share policy: each tenant's slice of the pending
+queue (`tenant_queues`) and a borrowing tenant's jobs handed out as reclaim victims (`Donor`).
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
@@ -66,7 +70,7 @@ class Verdict:
 class QuotaBook:
     """Per-pass usage of every tenant and cohort, and the admission rule."""
 
-    __slots__ = ("tenants", "cohort_nominal", "cohort_usage", "_tot_gpu", "_tot_cpu", "_tot_mem")
+    __slots__ = ("_tot_cpu", "_tot_gpu", "_tot_mem", "cohort_nominal", "cohort_usage", "tenants")
 
     def __init__(self, quotas: Sequence[TenantQuota], cluster: Cluster) -> None:
         self.tenants: dict[str, TenantUsage] = {}
@@ -119,7 +123,7 @@ class QuotaBook:
         """The rule `verdict` explains, on given usage: within nominal, or borrowing within
         the limit while the cohort's usage stays within its nominal quota."""
         after = used + milli
-        if after <= t.nominal:
+        if after <= t.nominal or milli == 0:
             return True
         if t.limit is not None and after - t.nominal > t.limit:
             return False
@@ -138,12 +142,15 @@ class QuotaBook:
                 return end
         return None
 
-    def verdict(self, t: TenantUsage, milli: int, freed: int = 0) -> Verdict:
-        """May t start a job of `milli` milli-GPUs, after giving up `freed` of its own?"""
-        after = t.gpu - freed + milli
+    def verdict(self, t: TenantUsage, milli: int) -> Verdict:
+        """May t start a job of `milli` milli-GPUs, and why (or why not) in words?"""
+        after = t.gpu + milli
         if after <= t.nominal:
             return Verdict(NOMINAL, f"{t.name} within nominal quota "
                                     f"({gpus(after)}/{gpus(t.nominal)} GPUs with this job)")
+        if milli == 0:  # GPU quota does not limit it, but it is no guarantee to reclaim with
+            return Verdict(BORROW, f"{t.name} uses {gpus(t.gpu)}/{gpus(t.nominal)} nominal "
+                                   f"GPUs, and this job asks for none")
         borrow = after - t.nominal
         others = self.cohort_nominal[t.cohort] - t.nominal
         most = others if t.limit is None else min(others, t.limit)
@@ -151,15 +158,15 @@ class QuotaBook:
             return Verdict(NO_QUOTA, f"Quota: this job asks for {gpus(milli)} GPUs, more than "
                                      f"{t.name} can ever hold ({gpus(t.nominal)} nominal + "
                                      f"{gpus(most)} it may borrow)")
-        now_text = f"{t.name} uses {gpus(t.gpu - freed)}/{gpus(t.nominal)} nominal GPUs"
+        now_text = f"{t.name} uses {gpus(t.gpu)}/{gpus(t.nominal)} nominal GPUs"
         if t.limit is not None and borrow > t.limit:
             return Verdict(NO_QUOTA, f"Quota: {now_text}; this job ({gpus(milli)} GPUs) would "
                                      f"borrow {gpus(borrow)}, over its borrowing limit of "
                                      f"{gpus(t.limit)}")
         # Say it as the user sees it: how much more it must borrow, and what is still idle
         # once its own current borrowing is counted.
-        more = after - max(t.gpu - freed, t.nominal)
-        spare = max(0, self.cohort_idle(t) - max(0, t.gpu - freed - t.nominal))
+        more = after - max(t.gpu, t.nominal)
+        spare = max(0, self.cohort_idle(t) - t.borrowed)
         if more > spare:
             return Verdict(NO_QUOTA, f"Quota: {now_text} and cannot borrow {gpus(more)} more "
                                      f"(cohort {t.cohort} has {gpus(spare)} idle)")
@@ -211,7 +218,7 @@ def _scan_queues(pending: Sequence[JobState]) -> dict[str, Sequence[JobState]]:
 class _View(Sequence):
     """pending[lo:hi] without copying (the queue may be a large sorted container)."""
 
-    __slots__ = ("seq", "lo", "hi")
+    __slots__ = ("hi", "lo", "seq")
 
     def __init__(self, seq: Sequence[JobState], lo: int, hi: int) -> None:
         self.seq, self.lo, self.hi = seq, lo, hi
@@ -233,11 +240,42 @@ class _View(Sequence):
         return (self.seq[k] for k in range(self.lo, self.hi))
 
 
+class TenantQueue:
+    """A tenant's pending jobs being read in this pass: the next one, and those put off to
+    the borrowing round."""
+
+    __slots__ = ("active", "done", "head", "it", "later", "name", "seen", "waits")
+
+    def __init__(self, name: str, jobs: Sequence[JobState]) -> None:
+        self.name, self.it = name, iter(jobs)
+        self.head: JobState | None = next(self.it, None)
+        self.waits = self.seen = 0  # jobs that waited: after a real check, and in all
+        self.later: list[JobState] = []
+        self.active = self.head is not None  # more to read in this round
+        self.done = False  # nothing more in this pass (strict FIFO)
+
+    def advance(self) -> None:
+        self.head = next(self.it, None)
+        self.active = self.active and self.head is not None
+
+    def put_off(self) -> None:
+        self.later.append(self.head)  # type: ignore[arg-type]
+        self.advance()
+
+    def second_round(self) -> None:
+        """Read again: the jobs put off first, then from where the first round stopped."""
+        rest = [self.head] if self.head is not None else []
+        self.it = itertools.chain(self.later, rest, self.it)
+        self.later, self.waits, self.seen = [], 0, 0
+        self.head = next(self.it, None)
+        self.active = self.head is not None and not self.done
+
+
 class Donor:
     """A borrowing tenant's preemptible jobs, handed out as reclaim victims. Jobs no larger
     than what it still borrows come first, so reclaim tries not to push it below nominal."""
 
-    __slots__ = ("tenant", "left", "jobs", "pos", "deferred", "dpos")
+    __slots__ = ("deferred", "dpos", "jobs", "left", "pos", "tenant")
 
     def __init__(self, tenant: TenantUsage, borrowed: int, jobs: list[JobState]) -> None:
         self.tenant, self.left, self.jobs, self.pos = tenant, borrowed, jobs, 0

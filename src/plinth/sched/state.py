@@ -13,8 +13,16 @@ from plinth.core.resources import MILLI, Allocation, Cluster, Request
 
 class ClusterState:
     __slots__ = (
-        "cluster", "gpu_free_milli", "gpu_free_mem", "node_free_cpu", "node_free_mem",
-        "node_free_whole", "free_whole_by_model", "buckets", "_failed", "_gpu_mem_cap",
+        "_failed",
+        "_gpu_mem_cap",
+        "buckets",
+        "cluster",
+        "free_whole_by_model",
+        "gpu_free_mem",
+        "gpu_free_milli",
+        "node_free_cpu",
+        "node_free_mem",
+        "node_free_whole",
         "used_milli",
     )
 

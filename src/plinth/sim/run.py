@@ -56,7 +56,7 @@ def compare(
         cb = None
         if on_progress is not None:
             name = policy.name
-            cb = lambda done, total, name=name: on_progress(name, done, total)  # noqa: E731
+            cb = lambda done, total, name=name: on_progress(name, done, total)
         r = simulate(jobs, cluster, policy, config, on_progress=cb)
         row = summarize(r)
         if alibaba:

@@ -9,18 +9,21 @@ limit, a cohort and a weight (`TenantQuota`, see `plinth.sched.quota` for the bo
   its share and a tenant that arrives late is not stuck at zero. A tenant the configured quotas
   do not name has 0 nominal GPUs in cohort "default": it only runs on quota others leave idle.
 - Admission: repeatedly take the tenant with the lowest weighted dominant share (DRF over GPU,
-  CPU and memory) and try its next job; as in Kueue, tenants whose next job stays within their
-  nominal quota go before those whose next job would borrow. A job starts if it fits now and
-  its tenant stays within nominal, or may borrow (jobs beyond nominal are "borrowing").
+  CPU and memory) and try its next job. A job starts if it fits now and its tenant stays within
+  nominal, or may borrow (jobs beyond nominal are "borrowing"). As Kueue orders its heads, a
+  pass has two rounds: first the jobs within their tenant's nominal quota, then those that
+  would borrow, each round in DRF order.
 - Reclaim (Kueue's reclaimWithinCohort): a job that would keep its tenant within nominal but
   does not fit may preempt jobs of tenants in its cohort that are borrowing, the most-over-quota
   tenant first, each tenant's jobs in `victim_order` (lower priority, less unsaved work first).
   A tenant at or below nominal is never a victim; jobs no larger than what a tenant borrows are
   taken first, but when all its jobs are larger, one may take it below nominal (as in Kueue,
   else the reclaiming tenant could never get its guarantee). Borrowing jobs never preempt.
-- Reservation (`reserve`, on by default): the first job in line that waits for room gets the
-  GPUs it would have when running jobs end as estimated, as in EASY backfill, so that jobs
-  needing a whole node are not starved by a stream of small ones.
+- Reservation (`reserve`, on by default), so that a stream of small jobs cannot starve big
+  ones: the first job in line that waits for room gets the GPUs it would have when running
+  jobs end as estimated (EASY backfill), and each tenant's first job that waits for quota holds
+  its tenant's quota from when it is expected to be free. Later jobs may use reserved GPUs or
+  held quota only if they are expected to end by then.
 - `preempt_within_tenant` (off by default): a job may also preempt lower-priority jobs of its
   own tenant, to make room or to free the tenant's own quota (Kueue's withinClusterQueue).
 
@@ -38,14 +41,22 @@ import itertools
 import math
 from collections.abc import Iterable, Iterator, Sequence
 
-from plinth.core.resources import MILLI, Allocation, Cluster, Request, TenantQuota
-from plinth.sched.backfill import _GPU_ONLY, _masked, _reservation, _without
+from plinth.core.resources import Allocation, Cluster, Request, TenantQuota
+from plinth.sched.backfill import GPU_ONLY, masked, reservation, without_reserved
 from plinth.sched.placement import place
-from plinth.sched.preemption import (_prune, can_preempt, find_victims, guaranteed_runtime,
-                                     victim_order)
 from plinth.sched.policies.base import Policy
-from plinth.sched.quota import (NO_QUOTA, NOMINAL, Donor, QuotaBook, TenantUsage, derive_quotas,
-                                gpus, tenant_queues)
+from plinth.sched.preemption import can_preempt, find_victims, guaranteed_runtime, victim_order
+from plinth.sched.quota import (
+    NO_QUOTA,
+    NOMINAL,
+    Donor,
+    QuotaBook,
+    TenantQueue,
+    TenantUsage,
+    derive_quotas,
+    gpus,
+    tenant_queues,
+)
 from plinth.sched.state import ClusterState
 from plinth.sched.types import Decisions, JobState, Preempt, Snapshot, Start
 
@@ -103,37 +114,6 @@ class FairShare(Policy):
         return p.d
 
 
-class _Queue:
-    """A tenant's pending jobs being read in this pass: the next one, and those put off to
-    the borrowing round."""
-
-    __slots__ = ("name", "it", "head", "waits", "seen", "later", "active", "done")
-
-    def __init__(self, name: str, jobs: Sequence[JobState]) -> None:
-        self.name, self.it = name, iter(jobs)
-        self.head: JobState | None = next(self.it, None)
-        self.waits = self.seen = 0  # jobs that waited: after a real check, and in all
-        self.later: list[JobState] = []
-        self.active = self.head is not None  # more to read in this round
-        self.done = False  # nothing more in this pass (strict FIFO)
-
-    def advance(self) -> None:
-        self.head = next(self.it, None)
-        self.active = self.active and self.head is not None
-
-    def put_off(self) -> None:
-        self.later.append(self.head)  # type: ignore[arg-type]
-        self.advance()
-
-    def second_round(self) -> None:
-        """Read again: the jobs put off first, then from where the first round stopped."""
-        rest = [self.head] if self.head is not None else []
-        self.it = itertools.chain(self.later, rest, self.it)
-        self.later, self.waits, self.seen = [], 0, 0
-        self.head = next(self.it, None)
-        self.active = self.head is not None and not self.done
-
-
 class _Pass:
     """One scheduling pass: the working state, the quota book and the decisions so far."""
 
@@ -158,13 +138,13 @@ class _Pass:
         within nominal quota, then the jobs that would borrow. Lending quota first and then
         reclaiming it in the same pass would only thrash. In each round the tenant with the
         lowest weighted dominant share goes next."""
-        qs = {name: _Queue(name, jobs) for name, jobs in queues.items()}
+        qs = {name: TenantQueue(name, jobs) for name, jobs in queues.items()}
         self.round(qs, borrowing=False)
         for q in qs.values():
             q.second_round()
         self.round(qs, borrowing=True)
 
-    def round(self, qs: dict[str, _Queue], borrowing: bool) -> None:
+    def round(self, qs: dict[str, TenantQueue], borrowing: bool) -> None:
         book, depth, scan = self.book, self.policy.depth, max(self.cfg.backfill_depth, 1)
 
         def line(names: Iterable[str]) -> list[tuple[float, str]]:
@@ -293,11 +273,11 @@ class _Pass:
             running = {i: r for i, r in snap.running.items() if i not in self.preempted}
             snap = Snapshot(snap.cluster, snap.state, snap.pending, running, snap.config)
         started = [(self.jobs[s.job_id], s.allocation) for s in self.d.starts]
-        shadow, reserved = _reservation(snap, self.now, self.work, js, started, False)
+        shadow, reserved = reservation(snap, self.now, self.work, js, started, False)
         if math.isinf(shadow):
             return ""
         self.reservation = (js.id, shadow, reserved)
-        self.avoid = _without(self.work, reserved)
+        self.avoid = without_reserved(self.work, reserved)
         return f"; first in line, GPUs reserved from t={shadow:.0f}s"
 
     def hold(self, js: JobState, t: TenantUsage) -> str:
@@ -329,12 +309,12 @@ class _Pass:
         """Plan on `work` from now on (after preemptions released GPUs)."""
         self.work = work
         if self.reservation is not None:
-            self.avoid = _without(work, self.reservation[2])
+            self.avoid = without_reserved(work, self.reservation[2])
 
     def start(self, js: JobState, t: TenantUsage, alloc: Allocation, reason: str) -> None:
         self.work.allocate(alloc, js.job.request)
         if self.avoid is not None and self.reservation is not None:
-            self.avoid.allocate(_masked(alloc, self.reservation[2]), _GPU_ONLY)
+            self.avoid.allocate(masked(alloc, self.reservation[2]), GPU_ONLY)
         self.book.charge(t.name, js.job.request)
         self.d.starts.append(Start(js.id, alloc, reason))
 
@@ -373,27 +353,8 @@ class _Pass:
 
     def find_victims(self, req: Request, candidates: Iterable[JobState],
                      work: ClusterState | None = None) -> Victims | None:
-        """`find_victims`, plus a retry for the case it misses: it only tries to place once the
-        victims alone free the whole request, ignoring GPUs that are already free. The retry
-        places after each victim and can go once the shared helper counts free GPUs."""
-        work = work if work is not None else self.work
-        seen: list[JobState] = []
-
-        def record() -> Iterator[JobState]:
-            for v in candidates:
-                seen.append(v)
-                yield v
-
-        found = find_victims(work, req, record(), self.now, self.cfg)
-        if found is not None or work.used_milli == work.gpu_free_milli.size * MILLI:
-            return found
-        scratch = work.copy()
-        for i, v in enumerate(seen):
-            scratch.release(v.allocation, v.job.request)  # type: ignore[arg-type]
-            alloc = place(scratch, req, self.cfg.placement)
-            if alloc is not None:
-                return _prune(work, req, seen[:i + 1], alloc, self.cfg.placement)
-        return None
+        return find_victims(work if work is not None else self.work, req, candidates,
+                            self.now, self.cfg)
 
     def borrowed(self, o: TenantUsage) -> int:
         """What o borrows and may be reclaimed: only what it borrowed before this pass, as
@@ -460,14 +421,16 @@ class _Pass:
         protected: list[float] = []
         cands = [v for v in self.running_of(t.name)
                  if v.job.priority < prio and self.eligible(v, protected)]
-        freed, i = 0, 0
-        while self.book.verdict(t, req.gpu_milli_total, freed).kind == NO_QUOTA:
-            if i == len(cands):
-                break
+        book, milli, freed, i = self.book, req.gpu_milli_total, 0, 0
+
+        def admits() -> bool:
+            return book.admits(t, milli, t.gpu - freed, book.cohort_usage[t.cohort] - freed)
+
+        while not admits() and i < len(cands):
             freed += cands[i].job.request.gpu_milli_total
             i += 1
         found = None
-        if self.book.verdict(t, req.gpu_milli_total, freed).kind != NO_QUOTA:
+        if admits():
             forced, scratch = cands[:i], self.work.copy()
             for v in forced:
                 scratch.release(v.allocation, v.job.request)  # type: ignore[arg-type]

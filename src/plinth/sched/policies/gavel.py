@@ -26,6 +26,12 @@ Choices and simplifications, each for a reason:
 - Gavel's lease is the job's guarantee, so SchedConfig's min_runtime and preemption backoff
   (meant for priority preemption) are not applied unless `use_min_runtime=True`; jobs marked
   not preemptible are never moved or preempted and hold their GPUs in the count.
+- Gavel assumes a job checkpoints when its lease ends. Where preemption instead loses the work
+  since the last periodic checkpoint (the simulator's `checkpoint_interval`), rotating every
+  round could lose every round's work forever (a 360 s lease never reaches a 600 s
+  checkpoint). So a running job whose unsaved work exceeds `max_unsaved` (default half a
+  round) keeps its model for another round: its lease is extended up to its next checkpoint.
+  With `checkpoint_interval = 0` preemption loses nothing and no lease is extended.
 - Jobs that need no GPU are started wherever they fit and never preempted.
 - Bookkeeping (time active, time received per model) lives in this object between calls and is
   updated from the snapshot: a running job is charged for the time since the previous call on
@@ -55,11 +61,15 @@ class Gavel(Policy):
     name = "gavel"
     preemptive = True
 
-    def __init__(self, *, max_jobs: int = 1000, use_min_runtime: bool = False) -> None:
+    def __init__(self, *, max_jobs: int = 1000, use_min_runtime: bool = False,
+                 max_unsaved: float | None = None) -> None:
         if max_jobs < 1:
             raise ValueError(f"gavel.max_jobs: must be at least 1, got {max_jobs}")
+        if max_unsaved is not None and max_unsaved < 0:
+            raise ValueError(f"gavel.max_unsaved: must not be negative, got {max_unsaved}")
         self.max_jobs = max_jobs
         self.use_min_runtime = use_min_runtime
+        self.max_unsaved = max_unsaved  # seconds of work; None: half of config.round_s
         self._reset(())
 
     def _reset(self, models: tuple[str, ...]) -> None:
@@ -319,13 +329,15 @@ class Gavel(Policy):
         while left:
             ready = [k for k in left if deps[k] <= done]
             if not ready:
-                # Walk blocked-by edges from any blocked move until one repeats: that move is
-                # on a cycle, and breaking it (not a move merely waiting behind a cycle)
-                # unblocks the rest.
-                k, seen = left[0], set()
-                while k not in seen:
-                    seen.add(k)
+                # Walk blocked-by edges from any blocked move until one repeats: that closes a
+                # cycle. Break it (not a move merely waiting behind it) at the member with the
+                # least unsaved work, which loses least.
+                path, k = [], left[0]
+                while k not in path:
+                    path.append(k)
                     k = min(deps[k] - done)
+                cycle = path[path.index(k):]
+                k = min(cycle, key=lambda c: (moves[c][0].unsaved, moves[c][0].id))
                 js, alloc, m = moves[k]
                 d.preempts.append(Preempt(js.id, "Gavel: restarts on its new lease "
                                           f"({self._models[m]}) after a swap"))
@@ -348,9 +360,14 @@ class Gavel(Policy):
                                     + self._describe(js.id))
 
     def _pinned(self, js: JobState, now: float, snap: Snapshot) -> bool:
+        """Whether a running job keeps its GPUs this round whatever the priorities say."""
+        cfg = snap.config
         if not js.job.preemptible:
             return True
-        return self.use_min_runtime and not can_preempt(js, now, snap.config)
+        if self.use_min_runtime and not can_preempt(js, now, cfg):
+            return True
+        limit = cfg.round_s / 2 if self.max_unsaved is None else self.max_unsaved
+        return cfg.checkpoint_interval > 0 and js.unsaved > limit
 
     def _describe(self, jid: int) -> str:
         X, got = self._X[jid], self.received_share(jid)

@@ -32,9 +32,7 @@ from plinth.core.resources import Allocation, Request
 from plinth.sched.backfill import easy_backfill
 from plinth.sched.placement import place
 from plinth.sched.policies.base import Policy
-# `_prune` is private to preemption.py; it is reused here (not copied) until the shared
-# find_victims is fixed, see `PreemptionPlan._search`.
-from plinth.sched.preemption import _prune, can_preempt, guaranteed_runtime, victim_order
+from plinth.sched.preemption import can_preempt, guaranteed_runtime, prune_victims, victim_order
 from plinth.sched.types import Decisions, JobState, Preempt, Snapshot, Start
 
 # Never ask to be woken sooner than this after `now`: float rounding in the owner's bookkeeping
@@ -168,7 +166,7 @@ class PreemptionPlan:
             if alloc is None:
                 continue
             if len(released) <= len(eligible):
-                victims, _, alloc = _prune(work, req, released, alloc, cfg.placement)
+                victims, _, alloc = prune_victims(work, req, released, alloc, cfg.placement)
                 return victims, alloc, ""
             until = min((p.start_time if p.start_time is not None else now)
                         + guaranteed_runtime(p, cfg) for p in released[len(eligible):])

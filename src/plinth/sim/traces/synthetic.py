@@ -81,7 +81,7 @@ def synthetic_jobs(n: int, *, seed: int, load: float = 0.8, cluster_gpus: int = 
     return jobs
 
 
-def synthetic_trace(n: int, *, seed: int, **options: float | int | bool) -> Trace:
+def synthetic_trace(n: int, *, seed: int, **options: float | bool) -> Trace:
     """`synthetic_jobs` wrapped as a `Trace`, for code that takes traces."""
     jobs = synthetic_jobs(n, seed=seed, **options)  # type: ignore[arg-type]
     return Trace(jobs=jobs, source=f"synthetic(n={n}, seed={seed})", format="synthetic")
