@@ -88,7 +88,9 @@ def demo(
     from plinth.sim.traces.synthetic import synthetic_jobs
 
     spec = load_cluster("4x8xV100,2x8xP100,2x8xK80")
-    work = synthetic_jobs(jobs, seed=seed, load=0.9, cluster_gpus=spec.total_gpus, tenants=3)
+    # A gang runs on one GPU model, so the largest gang is the largest pool of one model.
+    largest = max(spec.gpus_of_model(m) for m in spec.models)
+    work = synthetic_jobs(jobs, seed=seed, load=1.3, cluster_gpus=largest, tenants=3)
     console.print(f"[bold]Plinth demo[/bold]: {len(work):,} synthetic jobs (seed {seed}) "
                   f"on {spec.describe()}")
     _run(work, spec, list(POLICIES), sched_config(), False, "all policies, synthetic workload",
