@@ -8,12 +8,16 @@ import numpy as np
 import pytest
 
 from plinth.core.resources import Cluster, Node, Request
+from plinth.core.spec import load_cluster
 from plinth.core.workload import Job
 from plinth.sched.placement import place_and_allocate
 from plinth.sched.policies import make_policy
 from plinth.sched.policies.themis import Themis
 from plinth.sched.state import ClusterState
 from plinth.sched.types import Decisions, JobState, JobStatus, SchedConfig, Snapshot
+from plinth.sim.engine import simulate
+from plinth.sim.metrics import summarize
+from plinth.sim.traces.synthetic import synthetic_jobs
 
 CFG = SchedConfig()
 ROUND = CFG.round_s
@@ -205,6 +209,18 @@ def test_decisions_never_over_commit_under_churn():
         now += 60.0
     assert sum(js.status is JobStatus.COMPLETED for js in jobs.values()) > 20
     assert np.isfinite(pol.rho(list(jobs.values()), now, 50, cluster)).all()
+
+
+def test_through_the_simulator_themis_narrows_the_worst_finish_time_fairness():
+    c = load_cluster("2x4xV100,2x4xP100,2x4xK80")
+    fifo, themis = [], []
+    for seed in (1, 2, 3):
+        jobs = synthetic_jobs(150, seed=seed, load=1.5, cluster_gpus=8, heavy_tail=False)
+        fifo.append(summarize(simulate(jobs, c, make_policy("fifo")))["ftf_rho_max"])
+        r = summarize(simulate(jobs, c, Themis(), validate=True))
+        assert r["completed"] == 150
+        themis.append(r["ftf_rho_max"])
+    assert np.mean(themis) < np.mean(fifo)
 
 
 def test_registry_and_validation():

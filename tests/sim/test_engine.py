@@ -62,14 +62,15 @@ class PreemptOnce(Policy):
 
     name = "preempt-once"
 
-    def __init__(self):
+    def __init__(self, checkpoint=False):
         self.fifo = make_policy("fifo")
         self.done = False
+        self.checkpoint = checkpoint
 
     def schedule(self, snap, now):
         if not self.done and now >= 50 and 0 in snap.running:
             self.done = True
-            return Decisions(preempts=[Preempt(0, "test")])
+            return Decisions(preempts=[Preempt(0, "test", self.checkpoint)])
         d = self.fifo.schedule(snap, now)
         d.wake_at = 50 if not self.done else None
         return d
@@ -84,6 +85,12 @@ def test_preemption_loses_unsaved_work_and_pays_restore_overhead():
     assert js.preemptions == 1 and r.preemptions == 1
     assert r.lost_work_s == pytest.approx(10)
     assert js.end_time == pytest.approx(115)
+
+
+def test_preemption_with_a_checkpoint_loses_nothing():
+    cfg = SchedConfig(checkpoint_interval=20, restore_overhead=5, min_runtime=0)
+    r = simulate([job(0, 0, 100)], cluster(nodes=1), PreemptOnce(checkpoint=True), cfg)
+    assert r.lost_work_s == 0 and r.jobs[0].end_time == pytest.approx(105)
 
 
 def _run(policy, jobs, c, **kw):

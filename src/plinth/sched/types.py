@@ -105,6 +105,7 @@ class Start:
 class Preempt:
     job_id: int
     reason: str
+    checkpoint: bool = False  # the job saves its state first (a lease ending), losing nothing
 
 
 @dataclass(frozen=True, slots=True)

@@ -213,7 +213,7 @@ class _Simulator:
 
     def _apply(self, d: Decisions, now: float) -> None:
         for p in d.preempts:
-            self._preempt(self.states[p.job_id], now, p.reason)
+            self._preempt(self.states[p.job_id], now, p.reason, p.checkpoint)
         for r in d.resizes:
             js = self.states[r.job_id]
             self._stop(js, now, keep_progress=True)
@@ -277,10 +277,12 @@ class _Simulator:
         self.runs[js.id].version += 1  # its pending FINISH event is now stale
         del self.running[js.id]
 
-    def _preempt(self, js: JobState, now: float, reason: str) -> None:
+    def _preempt(self, js: JobState, now: float, reason: str, checkpoint: bool) -> None:
         if js.status is not JobStatus.RUNNING:
             raise RuntimeError(f"job {js.id}: cannot preempt from {js.status.value}")
-        self._stop(js, now, keep_progress=False)
+        self._stop(js, now, keep_progress=checkpoint)
+        if checkpoint:
+            js.checkpointed, js.checkpoint_time = js.progress, now
         js.status, js.allocation, js.reason = JobStatus.PENDING, None, reason
         js.preemptions += 1
         js.last_preempted = js.pending_since = now

@@ -26,12 +26,11 @@ Choices and simplifications, each for a reason:
 - Gavel's lease is the job's guarantee, so SchedConfig's min_runtime and preemption backoff
   (meant for priority preemption) are not applied unless `use_min_runtime=True`; jobs marked
   not preemptible are never moved or preempted and hold their GPUs in the count.
-- Gavel assumes a job checkpoints when its lease ends. Where preemption instead loses the work
-  since the last periodic checkpoint (the simulator's `checkpoint_interval`), rotating every
-  round could lose every round's work forever (a 360 s lease never reaches a 600 s
-  checkpoint). So a running job whose unsaved work exceeds `max_unsaved` (default half a
-  round) keeps its model for another round: its lease is extended up to its next checkpoint.
-  With `checkpoint_interval = 0` preemption loses nothing and no lease is extended.
+- A job checkpoints when its lease ends (`Preempt(checkpoint=True)`), as Gavel assumes, so
+  rotating jobs every round loses no work.
+- The owner applies resizes one at a time (release, then allocate), so moves are emitted in an
+  order where no move needs GPUs another mover still holds. A swap (a cycle) cannot be ordered:
+  the member with the least unsaved work is preempted and started again after the resizes.
 - Jobs that need no GPU are started wherever they fit and never preempted.
 - Bookkeeping (time active, time received per model) lives in this object between calls and is
   updated from the snapshot: a running job is charged for the time since the previous call on
@@ -47,6 +46,7 @@ import numpy as np
 
 from plinth.core.resources import Allocation, Cluster, Request
 from plinth.core.throughput import job_type_for, speed
+from plinth.core.errors import SpecError
 from plinth.sched.lp import feasible_mask, max_min_fairness
 from plinth.sched.placement import place
 from plinth.sched.policies.base import Policy
@@ -61,15 +61,11 @@ class Gavel(Policy):
     name = "gavel"
     preemptive = True
 
-    def __init__(self, *, max_jobs: int = 1000, use_min_runtime: bool = False,
-                 max_unsaved: float | None = None) -> None:
+    def __init__(self, *, max_jobs: int = 1000, use_min_runtime: bool = False) -> None:
         if max_jobs < 1:
-            raise ValueError(f"gavel.max_jobs: must be at least 1, got {max_jobs}")
-        if max_unsaved is not None and max_unsaved < 0:
-            raise ValueError(f"gavel.max_unsaved: must not be negative, got {max_unsaved}")
+            raise SpecError(f"gavel.max_jobs: must be at least 1, got {max_jobs}")
         self.max_jobs = max_jobs
         self.use_min_runtime = use_min_runtime
-        self.max_unsaved = max_unsaved  # seconds of work; None: half of config.round_s
         self._reset(())
 
     def _reset(self, models: tuple[str, ...]) -> None:
@@ -273,7 +269,8 @@ class Gavel(Policy):
             old = models[_model_index(cluster, js.allocation)]
             why = ("outside Gavel's active window" if js.id not in index else
                    "other jobs have higher Gavel priority this round")
-            d.preempts.append(Preempt(js.id, f"Gavel: lease on {old} ended; {why}"))
+            d.preempts.append(Preempt(js.id, f"Gavel: lease on {old} ended; {why}",
+                                          checkpoint=True))
         d.starts.extend(starts)
         self._order_moves(cluster, moves, d)
         self._explain_waiting(jobs, placed, snap, d)
@@ -340,7 +337,7 @@ class Gavel(Policy):
                 k = min(cycle, key=lambda c: (moves[c][0].unsaved, moves[c][0].id))
                 js, alloc, m = moves[k]
                 d.preempts.append(Preempt(js.id, "Gavel: restarts on its new lease "
-                                          f"({self._models[m]}) after a swap"))
+                                          f"({self._models[m]}) after a swap", checkpoint=True))
                 d.starts.append(Start(js.id, alloc, self._why(js, m, "lease moves to"),
                                       self._models[m]))
                 ready = [k]
@@ -364,10 +361,7 @@ class Gavel(Policy):
         cfg = snap.config
         if not js.job.preemptible:
             return True
-        if self.use_min_runtime and not can_preempt(js, now, cfg):
-            return True
-        limit = cfg.round_s / 2 if self.max_unsaved is None else self.max_unsaved
-        return cfg.checkpoint_interval > 0 and js.unsaved > limit
+        return self.use_min_runtime and not can_preempt(js, now, cfg)
 
     def _describe(self, jid: int) -> str:
         X, got = self._X[jid], self.received_share(jid)

@@ -186,7 +186,7 @@ class Themis(Policy):
             taken.add(v.id)
             d.preempts.append(Preempt(v.id, f"Themis: lease ended; job {js.id} has worse "
                                       f"finish-time fairness (rho {r:.2f} > "
-                                      f"{rho[by_id[v.id]]:.2f})"))
+                                      f"{rho[by_id[v.id]]:.2f})", checkpoint=True))
         alloc = self._place(snap, work, js) or alloc
         work.allocate(alloc, js.job.request)
         d.starts.append(Start(js.id, alloc, why, _model(snap.cluster, alloc)))
