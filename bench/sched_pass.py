@@ -46,12 +46,17 @@ def snapshot(cluster: Cluster, policy, pending_n: int, fill: float, seed: int = 
     jobs = synthetic_jobs(pending_n + 20_000, seed=seed, cluster_gpus=64, tenants=5,
                           fractional=0.1)
     i = 0
+    usage = {f"team-{t}": 0.0 for t in range(5)}
     while state.used_milli < fill * state.capacity_milli and i < 20_000:
         j = jobs[i]
         i += 1
         a = place_and_allocate(state, j.request)
         if a is None:
             continue
+        # A steady state is a fair one: running work is spread evenly over the tenants, as
+        # fair share keeps it (otherwise the first pass of `drf` is a mass reclaim).
+        j.tenant = min(usage, key=usage.get)
+        usage[j.tenant] += j.request.num_gpus
         js = JobState(j, JobStatus.RUNNING, a, start_time=-600.0, first_start=-600.0,
                       rate=1.0, progress=min(600.0, j.duration / 2), attained=600.0,
                       model=cluster.nodes[a.slots[0].node].gpu_model)

@@ -7,6 +7,7 @@ import random
 import numpy as np
 import pytest
 
+from plinth.core.errors import SpecError
 from plinth.core.resources import Cluster, Node, Request
 from plinth.core.spec import load_cluster
 from plinth.core.workload import Job
@@ -225,7 +226,7 @@ def test_through_the_simulator_themis_narrows_the_worst_finish_time_fairness():
 
 def test_registry_and_validation():
     assert isinstance(make_policy("themis", fairness_knob=0.5), Themis)
-    with pytest.raises(ValueError, match="fairness_knob"):
+    with pytest.raises(SpecError, match="themis.fairness_knob"):
         Themis(fairness_knob=1.5)
-    with pytest.raises(ValueError, match="reclaim_depth"):
+    with pytest.raises(SpecError, match="themis.reclaim_depth"):
         Themis(reclaim_depth=-1)

@@ -41,6 +41,7 @@ import itertools
 import math
 from collections.abc import Iterable, Iterator, Sequence
 
+from plinth.core.errors import SpecError
 from plinth.core.resources import Allocation, Cluster, Request, TenantQuota
 from plinth.sched.backfill import GPU_ONLY, masked, reservation, without_reserved
 from plinth.sched.placement import place
@@ -72,9 +73,15 @@ class FairShare(Policy):
 
     def __init__(self, *, quotas: Sequence[TenantQuota] | None = None, depth: int = 16,
                  reclaim: bool = True, preempt_within_tenant: bool = False,
-                 strict_fifo: bool = False, reserve: bool = True) -> None:
+                 strict_fifo: bool = False, reserve: bool = True,
+                 preempt_depth: int = 32) -> None:
         if depth < 1:
-            raise ValueError(f"drf: depth must be at least 1, got {depth}")
+            raise SpecError(f"drf.depth: must be at least 1, got {depth}")
+        if preempt_depth < 0:
+            raise SpecError(f"drf.preempt_depth: must not be negative, got {preempt_depth}")
+        # At most this many reclaim searches per pass (each copies the cluster state); the
+        # rest are reclaimed in the passes that follow, so one pass stays bounded.
+        self.preempt_depth = preempt_depth
         self.quotas = tuple(quotas) if quotas is not None else None
         self.depth = depth
         self.reclaim = reclaim
@@ -124,6 +131,7 @@ class _Pass:
         self.d = Decisions()
         self.preempted: set[int] = set()
         self.failed: dict[tuple, str] = {}  # preemption searches that failed in this pass
+        self.tries_left = policy.preempt_depth
         self.blocked: dict[tuple, tuple[int, str]] = {}  # see `admit`
         self._running: dict[str, list[JobState]] | None = None
         self.reservation: tuple[int, float, frozenset[int]] | None = None  # job, from, GPUs
@@ -371,6 +379,11 @@ class _Pass:
         key = ("reclaim", t.cohort, req)
         if key in self.failed:  # victims only get fewer within a pass: it would fail again
             return self.failed[key]
+        if self.tries_left <= 0:
+            soon = self.now + 1.0
+            self.d.wake_at = soon if self.d.wake_at is None else min(self.d.wake_at, soon)
+            return "reclaim deferred to the next pass (per-pass limit reached)"
+        self.tries_left -= 1
         borrowed = {o.name: o.borrowed for o in donors}
         protected: list[float] = []
         found = self.find_victims(req, self._borrowed_jobs(donors, protected))

@@ -44,9 +44,9 @@ from itertools import islice
 
 import numpy as np
 
+from plinth.core.errors import SpecError
 from plinth.core.resources import Allocation, Cluster, Request
 from plinth.core.throughput import job_type_for, speed
-from plinth.core.errors import SpecError
 from plinth.sched.lp import feasible_mask, max_min_fairness
 from plinth.sched.placement import place
 from plinth.sched.policies.base import Policy

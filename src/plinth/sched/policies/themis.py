@@ -39,6 +39,7 @@ from itertools import islice
 
 import numpy as np
 
+from plinth.core.errors import SpecError
 from plinth.core.resources import Allocation, Cluster
 from plinth.core.throughput import job_type_for, speed
 from plinth.sched.placement import place
@@ -55,11 +56,11 @@ class Themis(Policy):
     def __init__(self, *, fairness_knob: float = 0.8, max_jobs: int = 1000,
                  reclaim_depth: int = 16) -> None:
         if not 0.0 <= fairness_knob <= 1.0:
-            raise ValueError(f"themis.fairness_knob: must be in [0, 1], got {fairness_knob}")
+            raise SpecError(f"themis.fairness_knob: must be in [0, 1], got {fairness_knob}")
         if max_jobs < 1:
-            raise ValueError(f"themis.max_jobs: must be at least 1, got {max_jobs}")
+            raise SpecError(f"themis.max_jobs: must be at least 1, got {max_jobs}")
         if reclaim_depth < 0:
-            raise ValueError(f"themis.reclaim_depth: must not be negative, got {reclaim_depth}")
+            raise SpecError(f"themis.reclaim_depth: must not be negative, got {reclaim_depth}")
         self.fairness_knob = fairness_knob
         self.max_jobs = max_jobs
         self.reclaim_depth = reclaim_depth
