@@ -258,10 +258,14 @@ class _Simulator:
 
     def _touch(self, js: JobState, now: float) -> None:
         run = self.runs[js.id]
-        js.progress = min(js.job.duration,
-                          run.base_progress + js.rate * max(0.0, now - run.t0))
-        js.attained = run.base_attained + run.gpus * (now - run.start)
-        js.executed = run.base_executed + (now - run.start)
+        progressed = now - run.t0
+        progress = run.base_progress + js.rate * progressed if progressed > 0 else \
+            run.base_progress
+        duration = js.job.duration
+        js.progress = progress if progress < duration else duration
+        ran = now - run.start
+        js.attained = run.base_attained + run.gpus * ran
+        js.executed = run.base_executed + ran
         interval = self.cfg.checkpoint_interval
         if interval > 0 and js.progress - js.checkpointed >= interval:
             js.checkpointed = math.floor(js.progress / interval) * interval

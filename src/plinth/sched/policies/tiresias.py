@@ -28,8 +28,10 @@ grows at num_gpus per second of wall time), when a waiting job would reach its s
 or when victims a waiting job needs leave their guaranteed runtime, whichever is first, so
 demotions and promotions happen on time without polling.
 
-A pass examines at most `backfill_depth` jobs past the first that waits (as Slurm's
-bf_max_job_test) and lets at most `preempt_depth` of them search for victims.
+A pass examines at most `scan_depth` jobs past the first that waits (default 100, as Slurm's
+bf_max_job_test) and lets at most `preempt_depth` of them search for victims. It also ends
+early once even a single-GPU job can neither start nor preempt and no GPU is partly free:
+nothing behind it that needs a GPU could start then.
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ class Tiresias(Policy):
 
     def __init__(self, *, thresholds: Sequence[float] = DEFAULT_THRESHOLDS,
                  starve_factor: float | None = 8.0, preempt_depth: int = 8,
-                 starve_scan: int = 100) -> None:
+                 starve_scan: int = 100, scan_depth: int = 100) -> None:
         thr = tuple(float(t) for t in thresholds)
         if any(t <= 0 for t in thr) or any(b <= a for a, b in zip(thr, thr[1:])):
             raise SpecError(
@@ -65,6 +67,7 @@ class Tiresias(Policy):
         self.starve_factor = starve_factor or None
         self.preempt_depth = preempt_depth
         self.starve_scan = starve_scan
+        self.scan_depth = scan_depth
 
     def queue_of(self, attained: float) -> int:
         """Queue index by attained GPU-seconds; reaching a threshold exactly demotes."""
@@ -81,7 +84,7 @@ class Tiresias(Policy):
 
     def schedule(self, snap: Snapshot, now: float) -> Decisions:
         d = Decisions()
-        depth = snap.config.backfill_depth
+        depth = self.scan_depth
 
         # Effective queue per waiting job: its own, or 0 while it is starving. The pending
         # queue is sorted by `order`, so queue q's jobs are one contiguous run, oldest first.
@@ -141,6 +144,9 @@ class Tiresias(Policy):
             plain = req.gpus and not (req.cpus_milli or req.memory_mib or req.gpu_models)
             if plain:
                 floor = floors.get(req.gpus)
+                if floor is not None and floor[0] == 1 and req.gpus == 1 and \
+                        plan.work.free_milli == 1000 * int(plan.work.free_whole_by_model.sum()):
+                    break  # not even one whole GPU to be had, and no partly free GPU either
                 if floor is not None and req.workers >= floor[0]:
                     # A smaller gang of the same shape, as high or higher in the queues,
                     # could neither start nor preempt: neither can this one.
