@@ -14,8 +14,6 @@ import sys
 import time
 from pathlib import Path
 
-from rich.console import Console
-
 from plinth.core.spec import load_cluster
 from plinth.sim import report
 from plinth.sim.run import compare, sched_config
@@ -40,7 +38,7 @@ def main() -> None:
     t = time.perf_counter()
     trace = load_trace(args.trace, "philly", window=args.window)
     load_s = time.perf_counter() - t
-    console = Console()
+    console = report.console()
     console.print(f"{len(trace.jobs):,} jobs loaded in {load_s:.1f} s; cluster {cluster.describe()}")
     results, rows = [], []
     for name in args.policies.split(","):

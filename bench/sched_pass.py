@@ -20,7 +20,6 @@ import statistics
 import sys
 import time
 
-from rich.console import Console
 from rich.table import Table
 
 from plinth.core import Cluster, Node
@@ -28,6 +27,7 @@ from plinth.sched.placement import place_and_allocate
 from plinth.sched.policies import make_policy
 from plinth.sched.state import ClusterState
 from plinth.sched.types import JobState, JobStatus, Snapshot
+from plinth.sim import report
 from plinth.sim.traces.synthetic import synthetic_jobs
 
 TARGET_MS = {"gavel": 1000.0}  # the LP policy; every other policy: 50 ms
@@ -102,7 +102,7 @@ def main() -> None:
         target = f"< {r['target_ms']:.0f} {ok}" if r["situation"] == "steady" else "-"
         t.add_row(r["policy"], r["situation"], f"{r['running']:,}", f"{r['starts']:,}",
                   str(r["preempts"]), f"{r['p50_ms']:.1f}", target)
-    Console().print(t)
+    report.console().print(t)
     if args.json_path:
         with open(args.json_path, "w") as f:
             json.dump(rows, f, indent=2)

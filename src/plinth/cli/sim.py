@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from plinth.core.errors import SpecError
@@ -15,8 +13,7 @@ from plinth.sched.policies import POLICIES
 from plinth.sim import report
 from plinth.sim.run import compare, sched_config
 
-# Piped output has no terminal width to go by: use one wide enough for the results table.
-console = Console(width=None if sys.stdout.isatty() else 160)
+console = report.console()
 
 
 def _progress() -> Progress:

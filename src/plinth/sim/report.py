@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+from rich.console import Console
 from rich.table import Table
 
 from plinth.sim.engine import SimResult
@@ -26,6 +27,14 @@ COLUMNS = [  # (key, header, format)
     ("gpu_alloc_ratio_at_first_failure", "alloc@fail", "{:.1%}"),
     ("sim_wall_s", "wall (s)", "{:.1f}"),
 ]
+
+
+def console() -> Console:
+    """A console for results: piped output has no terminal width to go by, so it gets one
+    wide enough for the results table."""
+    import sys
+
+    return Console(width=None if sys.stdout.isatty() else 160)
 
 
 def table(rows: list[dict], title: str = "") -> Table:

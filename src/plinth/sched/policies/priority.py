@@ -56,6 +56,8 @@ class PreemptionPlan:
         self.wake: float | None = None
         self._failed: dict[tuple[Request, object], str] = {}
         self._ranked: list[JobState] | None = None
+        self._prefixes: dict[object, list[JobState]] = {}
+        self._preemptible: dict[int, bool] = {}  # can_preempt, once per job per pass
 
     def try_start(self, js: JobState, reason: str) -> bool:
         """Start `js` on free resources if it fits."""
@@ -81,12 +83,15 @@ class PreemptionPlan:
             return self._failed[req, key]
         if self.tries_left <= 0:
             return "preemption deferred to a later pass (per-pass limit reached)"
-        cands = []
-        for c in self._ranked_running():
-            if not may_preempt(c):
-                break
-            if c.id not in self.victims:
-                cands.append(c)
+        prefix = self._prefixes.get(key)
+        if prefix is None:  # the ranked prefix `may_preempt` allows, once per key per pass
+            prefix = []
+            for c in self._ranked_running():
+                if not may_preempt(c):
+                    break
+                prefix.append(c)
+            self._prefixes[key] = prefix
+        cands = [c for c in prefix if c.id not in self.victims]
         if not cands:
             return f"no {self.whom} is running"
         self.tries_left -= 1
@@ -146,12 +151,16 @@ class PreemptionPlan:
         nothing = f"preempting every eligible {self.whom} would not make room"
         eligible: list[JobState] = []
         protected: list[JobState] = []
+        memo = self._preemptible
         for c in cands:
-            if can_preempt(c, now, cfg):
+            ok = memo.get(c.id)
+            if ok is None:
+                ok = memo[c.id] = can_preempt(c, now, cfg)
+            if ok:
                 eligible.append(c)
             elif c.job.preemptible and c.preemptions < cfg.max_preemptions:
                 protected.append(c)
-        short = req.gpu_milli_total - int(work.gpu_free_milli.sum())
+        short = req.gpu_milli_total - work.free_milli
         if short > sum(c.job.request.gpu_milli_total for c in eligible + protected):
             return [], None, nothing  # the common case in a busy cluster: no copy needed
         scratch = work.copy()
