@@ -46,10 +46,10 @@ class JobState:
     pending_since: float = 0.0
     model: str | None = None  # GPU model of the current run
     reason: str = ""
+    id: int = field(init=False)  # the job's id, copied: hot loops read it millions of times
 
-    @property
-    def id(self) -> int:
-        return self.job.id
+    def __post_init__(self) -> None:
+        self.id = self.job.id
 
     @property
     def remaining(self) -> float:

@@ -117,6 +117,7 @@ class _Simulator:
         self.util_t: list[float] = [0.0]
         self.util_v: list[float] = [0.0]
         self.passes = 0
+        self.touched_at = -math.inf
 
     def _check_fit(self, jobs: list[Job], reject: bool) -> None:
         verdicts: dict[Request, str | None] = {}
@@ -192,8 +193,10 @@ class _Simulator:
             self.t_last = now
 
     def _pass(self, now: float) -> None:
-        for js in self.running.values():
-            self._touch(js, now)
+        if now != self.touched_at:  # a second pass at the same instant finds them current
+            for js in self.running.values():
+                self._touch(js, now)
+            self.touched_at = now
         snap = Snapshot(self.cluster, self.state, self.pending, self.running, self.cfg)
         d = self.policy.schedule(snap, now)
         self.passes += 1
