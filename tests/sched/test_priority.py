@@ -14,6 +14,7 @@ from plinth.sched.policies import make_policy
 from plinth.sched.policies.priority import StrictPriority
 from plinth.sched.state import ClusterState
 from plinth.sched.types import Decisions, JobState, JobStatus, SchedConfig, Snapshot
+from plinth.sched.validate import apply_decisions
 
 NOW = 10_000.0
 
@@ -44,21 +45,7 @@ def snapshot(policy, cluster, state, waiting, run, config=SchedConfig()) -> Snap
 
 
 def apply(snap: Snapshot, d: Decisions) -> ClusterState:
-    """Apply decisions as the owner does (preempts first, then starts) and check invariants."""
-    ids = [p.job_id for p in d.preempts]
-    assert len(ids) == len(set(ids)) and set(ids) <= set(snap.running)
-    starts = [s.job_id for s in d.starts]
-    assert len(starts) == len(set(starts)) and set(starts) <= {js.id for js in snap.pending}
-    assert not set(starts) & set(d.waiting)
-    st = snap.state.copy()
-    for p in d.preempts:
-        js = snap.running[p.job_id]
-        st.release(js.allocation, js.job.request)
-    by_id = {js.id: js for js in snap.pending}
-    for s in d.starts:
-        st.allocate(s.allocation, by_id[s.job_id].job.request)
-    st.check()
-    return st
+    return apply_decisions(snap, d)
 
 
 def setup(nodes=1, gpus=4):

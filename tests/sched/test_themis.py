@@ -16,6 +16,7 @@ from plinth.sched.policies import make_policy
 from plinth.sched.policies.themis import Themis
 from plinth.sched.state import ClusterState
 from plinth.sched.types import Decisions, JobState, JobStatus, SchedConfig, Snapshot
+from plinth.sched.validate import apply_decisions
 from plinth.sim.engine import simulate
 from plinth.sim.metrics import summarize
 from plinth.sim.traces.synthetic import synthetic_jobs
@@ -47,19 +48,7 @@ def snapshot(pol, cluster, state, waiting, run, cfg=CFG) -> Snapshot:
 
 
 def apply(snap: Snapshot, d: Decisions) -> ClusterState:
-    """Preempts first, then starts, on a copy; the result must not be over-committed."""
-    assert not d.resizes
-    assert {p.job_id for p in d.preempts} <= set(snap.running)
-    assert {s.job_id for s in d.starts} <= {js.id for js in snap.pending}
-    st = snap.state.copy()
-    for p in d.preempts:
-        js = snap.running[p.job_id]
-        assert js.job.preemptible
-        st.release(js.allocation, js.job.request)
-    for s in d.starts:
-        st.allocate(s.allocation, snap_job(snap, s.job_id).job.request)
-    st.check()
-    return st
+    return apply_decisions(snap, d)
 
 
 def snap_job(snap: Snapshot, jid: int) -> JobState:

@@ -20,12 +20,19 @@ here from `plinth.core.spec`, where `load_cluster` uses it).
 
 from __future__ import annotations
 
-from plinth.core.errors import SpecError, TraceError
-from plinth.core.gpus import gpu_model
+from plinth.core.errors import TraceError
 from plinth.core.resources import MILLI, Request
 from plinth.core.spec import alibaba_node_list
 from plinth.core.throughput import FIXED_SPEED
-from plinth.sim.traces.base import CsvRows, RawJob, Trace, build_trace, parse_float, parse_int
+from plinth.sim.traces.base import (
+    CsvRows,
+    RawJob,
+    Trace,
+    build_trace,
+    parse_float,
+    parse_int,
+    parse_models,
+)
 
 __all__ = ["QOS_PRIORITY", "alibaba_node_list", "load_alibaba"]
 
@@ -34,15 +41,6 @@ REQUIRED = ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli", "creation
 OPTIONAL = ("gpu_spec", "qos", "pod_phase", "scheduled_time")
 QOS_PRIORITY = {"LS": 2, "Guaranteed": 2, "Burstable": 1, "BE": 0, "": 0}
 MIN_DURATION = 1.0
-
-
-def _models(text: str, path: str, line: int) -> tuple[str, ...]:
-    if text in ("", "nan", "NaN"):  # pandas writes a missing spec as nan
-        return ()
-    try:
-        return tuple(gpu_model(m.strip()).name for m in text.split("|") if m.strip())
-    except SpecError as e:
-        raise TraceError(path, line, f"gpu_spec: {e}") from None
 
 
 def load_alibaba(path: str) -> Trace:
@@ -59,7 +57,7 @@ def load_alibaba(path: str) -> Trace:
         milli = parse_int(milli_text, path, line, "gpu_milli") if milli_text else 0
         if milli > MILLI:
             raise TraceError(path, line, f"gpu_milli: expected 0..1000, got {milli_text!r}")
-        models = _models(get(row, col["gpu_spec"]), path, line)
+        models = parse_models(get(row, col["gpu_spec"]), path, line, "gpu_spec")
         qos = get(row, col["qos"])
         if qos not in QOS_PRIORITY:
             raise TraceError(path, line, f"qos: expected one of LS, Guaranteed, Burstable, BE, "

@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import NamedTuple
 
-from plinth.core.errors import TraceError
+from plinth.core.errors import SpecError, TraceError
+from plinth.core.gpus import gpu_model
 from plinth.core.resources import Request
 from plinth.core.workload import Job
 
@@ -158,3 +159,13 @@ def build_trace(raw: list[RawJob], path: str, fmt: str, last_line: int,
                 job_type=r.job_type)
             for i, r in enumerate(raw)]
     return Trace(jobs=jobs, source=path, format=fmt, notes=notes)
+
+
+def parse_models(text: str, path: str, line: int, column: str) -> tuple[str, ...]:
+    """GPU models from a `V100M16|V100M32` cell; empty (or pandas' `nan`) means any model."""
+    if text in ("", "nan", "NaN"):
+        return ()
+    try:
+        return tuple(gpu_model(m.strip()).name for m in text.split("|") if m.strip())
+    except SpecError as e:
+        raise TraceError(path, line, f"{column}: {e}") from None

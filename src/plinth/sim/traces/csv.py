@@ -20,23 +20,21 @@ import csv as _csv
 from collections.abc import Iterable
 
 from plinth.core.errors import SpecError, TraceError
-from plinth.core.gpus import gpu_model
 from plinth.core.resources import MILLI, Request
 from plinth.core.workload import Job
-from plinth.sim.traces.base import CsvRows, RawJob, Trace, build_trace, parse_float, parse_int
+from plinth.sim.traces.base import (
+    CsvRows,
+    RawJob,
+    Trace,
+    build_trace,
+    parse_float,
+    parse_int,
+    parse_models,
+)
 
 REQUIRED = ("job_id", "submit_time", "duration", "num_gpus")
 OPTIONAL = ("tenant", "gpu_milli", "gpu_model", "gpu_memory_mib")
 COLUMNS = REQUIRED + OPTIONAL
-
-
-def _models(text: str, path: str, line: int) -> tuple[str, ...]:
-    if not text:
-        return ()
-    try:
-        return tuple(gpu_model(m.strip()).name for m in text.split("|") if m.strip())
-    except SpecError as e:
-        raise TraceError(path, line, f"gpu_model: {e}") from None
 
 
 def load_csv(path: str) -> Trace:
@@ -58,7 +56,7 @@ def load_csv(path: str) -> Trace:
                                          f"1, got {gpus}")
         mem_text = get(row, col["gpu_memory_mib"])
         mem = parse_int(mem_text, path, line, "gpu_memory_mib") if mem_text else 0
-        models = _models(get(row, col["gpu_model"]), path, line)
+        models = parse_models(get(row, col["gpu_model"]), path, line, "gpu_model")
         shape = (gpus, milli, mem, models)
         req = requests.get(shape)
         if req is None:
