@@ -49,6 +49,15 @@ def test_easy_backfill_lets_short_jobs_jump_but_never_delays_the_head():
     assert s[2] == 2 and s[1] == 100 and s[3] >= 150
 
 
+def test_sjf_hand_checked_order():
+    c = cluster(nodes=1)
+    jobs = [job(0, 0, 100, workers=8),  # holds the node until t=100
+            job(1, 1, 300, workers=8), job(2, 2, 50, workers=8), job(3, 3, 200, workers=8)]
+    r = simulate(jobs, c, make_policy("sjf"), validate=True)
+    s = {js.id: js.first_start for js in r.jobs}
+    assert (s[2], s[3], s[1]) == (100, 150, 350)  # shortest first once the node frees
+
+
 def test_unplaceable_job_is_an_error_naming_it_before_anything_runs():
     jobs = [job(0, 0, 10), job(1, 5, 10, workers=40, name="huge", source_line=7)]
     with pytest.raises(UnplaceableError, match=r"huge \(trace line 7\).*asks for 40 GPUs"):
