@@ -143,10 +143,8 @@ class PreemptionPlan:
         then, waiting helps, so say until when and ask to be woken then (no other event may
         come sooner). Non-preemptible jobs and jobs at the preemption cap never count.
 
-        Like `plinth.sched.preemption.find_victims`, except that its cheap "cannot fit yet"
-        test also counts the share already free: the shared one counts only the victims'
-        share, so a gang that needs free GPUs plus a victim's (2 free + 2 freed for 4) never
-        finds its victim."""
+        `plinth.sched.preemption.find_victims` does the first half alone; the second half,
+        which tells a waiting job when its victims become preemptible, is what this adds."""
         cfg, now, work = self.cfg, self.now, self.work
         nothing = f"preempting every eligible {self.whom} would not make room"
         eligible: list[JobState] = []
