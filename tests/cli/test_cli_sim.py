@@ -74,3 +74,23 @@ def test_malformed_row_names_file_and_line(tmp_path):
     r = plinth("sim", "--trace", str(path), "--cluster", "2x8xV100", "--out", "")
     assert r.returncode == 2
     assert "bad.csv:3" in r.stderr and "duration" in r.stderr
+
+
+def test_alibaba_replay_reports_the_allocation_ratio_at_first_failure(tmp_path):
+    nodes = tmp_path / "nodes.csv"
+    nodes.write_text("sn,cpu_milli,memory_mib,gpu,model\n"
+                     "n0,32000,131072,2,T4\nn1,32000,131072,2,T4\n")
+    pods = tmp_path / "pods.csv"
+    rows = ["name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,"
+            "creation_time,deletion_time,scheduled_time"]
+    # 600 + 600 milli cannot share a GPU: with no departures the 4 GPUs hold 4 such pods,
+    # and the 5th fails at 4 x 600 / 4000 = 60% allocated.
+    for i in range(6):
+        rows.append(f"p{i},1000,1024,1,600,,LS,Running,{i * 10},{i * 10 + 500},{i * 10}")
+    pods.write_text("\n".join(rows) + "\n")
+    r = plinth("sim", "--trace", str(pods), "--format", "alibaba", "--cluster", str(nodes),
+               "--json", str(tmp_path / "a.json"), "--out", "")
+    assert r.returncode == 0, r.stderr
+    row = json.loads((tmp_path / "a.json").read_text())[0]
+    assert row["gpu_alloc_ratio_at_first_failure"] == pytest.approx(0.6)
+    assert KEYS <= row.keys() and row["jobs"] == 6
