@@ -68,6 +68,8 @@ STARTED, WAITS, REPEAT = "started", "waits", "repeat"  # what `_Pass.admit` did 
 
 
 class FairShare(Policy):
+    """Fair share across tenants: Kueue-style quotas, borrowing and reclaim, ordered by DRF."""
+
     name = "drf"
     preemptive = True
 

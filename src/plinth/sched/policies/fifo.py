@@ -8,6 +8,8 @@ from plinth.sched.types import Decisions, Snapshot
 
 
 class Fifo(Policy):
+    """First in, first out, with EASY backfill (a reservation for the head job)."""
+
     name = "fifo"
 
     def __init__(self, backfill: bool = True) -> None:

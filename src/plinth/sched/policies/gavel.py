@@ -58,6 +58,8 @@ _X_MIN = 1e-4  # time fractions below this are solver noise, not an allocation
 
 
 class Gavel(Policy):
+    """Gavel: heterogeneity-aware max-min fairness (HiGHS LP) with round-based leases."""
+
     name = "gavel"
     preemptive = True
 

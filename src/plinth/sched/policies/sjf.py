@@ -9,6 +9,8 @@ from plinth.sched.types import Decisions, JobState, Snapshot
 
 
 class Sjf(Policy):
+    """Shortest job first: an oracle reference that knows true run times."""
+
     name = "sjf"
 
     def order(self, js: JobState) -> tuple:

@@ -50,6 +50,8 @@ from plinth.sched.types import Decisions, JobState, Preempt, Snapshot, Start
 
 
 class Themis(Policy):
+    """Themis: each round, leases go to the jobs with the worst finish-time fairness."""
+
     name = "themis"
     preemptive = True
 

@@ -49,6 +49,8 @@ DEFAULT_THRESHOLDS: tuple[float, ...] = (3600.0, 36000.0)  # GPU-seconds
 
 
 class Tiresias(Policy):
+    """Tiresias 2D-LAS: queues by attained GPU-time, with a starvation guard."""
+
     name = "tiresias"
     preemptive = True
 
