@@ -136,3 +136,11 @@ def test_sjf_oracle_beats_fifo_on_average_jct():
     fifo = summarize(_run("fifo", jobs, c))
     sjf = summarize(_run("sjf", jobs, c))
     assert sjf["avg_jct_s"] < fifo["avg_jct_s"]
+
+
+def test_strict_fifo_without_backfill_blocks_behind_the_head():
+    c = cluster(nodes=1)
+    jobs = [job(0, 0, 100, workers=6), job(1, 1, 50, workers=8), job(2, 2, 10, workers=2)]
+    r = simulate(jobs, c, make_policy("fifo", backfill=False), validate=True)
+    s = {js.id: js.first_start for js in r.jobs}
+    assert s == {0: 0, 1: 100, 2: 150}  # job 2 would fit at t=2 but may not pass job 1

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from plinth.sched.backfill import easy_backfill
+from plinth.sched.placement import place
 from plinth.sched.policies.base import Policy
-from plinth.sched.types import Decisions, Snapshot
+from plinth.sched.types import Decisions, Snapshot, Start
 
 
 class Fifo(Policy):
@@ -21,8 +22,6 @@ class Fifo(Policy):
         if self.backfill:
             easy_backfill(snap, now, work, snap.pending, d, "fifo")
             return d
-        from plinth.sched.placement import place
-        from plinth.sched.types import Start
         for js in snap.pending:  # strict FIFO: stop at the first job that does not fit
             alloc = place(work, js.job.request, snap.config.placement)
             if alloc is None:
