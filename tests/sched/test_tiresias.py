@@ -9,12 +9,11 @@ import pytest
 from plinth.core.errors import SpecError
 from plinth.core.resources import Cluster, Node, Request
 from plinth.core.workload import Job
-from plinth.sched.placement import place_and_allocate
 from plinth.sched.policies import make_policy
 from plinth.sched.policies.tiresias import Tiresias
 from plinth.sched.state import ClusterState
-from plinth.sched.types import Decisions, JobState, JobStatus, SchedConfig, Snapshot
-from plinth.sched.validate import apply_decisions
+from plinth.sched.types import Decisions, JobState, SchedConfig, Snapshot
+from plinth.sched.validate import apply_decisions, running_job, snapshot_for
 
 NOW = 100_000.0
 
@@ -37,16 +36,12 @@ def pending(job: Job, *, attained: float = 0.0, executed: float | None = None,
 
 def running(state: ClusterState, job: Job, *, attained: float = 0.0, start: float = 0.0,
             **kw) -> JobState:
-    js = JobState(job, status=JobStatus.RUNNING, start_time=start, first_start=start,
-                  attained=attained, executed=attained / job.request.num_gpus, **kw)
-    js.allocation = place_and_allocate(state, job.request)
-    assert js.allocation is not None, "test setup: running job does not fit"
-    return js
+    return running_job(state, job, start=start, attained=attained,
+                       executed=attained / job.request.num_gpus, **kw)
 
 
 def snapshot(policy, cluster, state, waiting, run, config=SchedConfig()) -> Snapshot:
-    return Snapshot(cluster, state, sorted(waiting, key=policy.order),
-                    {js.id: js for js in run}, config)
+    return snapshot_for(policy, cluster, state, waiting, run, config)
 
 
 def apply(snap: Snapshot, d: Decisions) -> ClusterState:

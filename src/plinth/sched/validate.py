@@ -9,8 +9,32 @@ over-committed afterwards. Tests of every policy use it.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
+from plinth.core.resources import Cluster
+from plinth.core.workload import Job
+from plinth.sched.placement import place_and_allocate
+from plinth.sched.policies.base import Policy
 from plinth.sched.state import ClusterState
-from plinth.sched.types import Decisions, Snapshot
+from plinth.sched.types import Decisions, JobState, JobStatus, SchedConfig, Snapshot
+
+
+def running_job(state: ClusterState, job: Job, *, start: float = 0.0, **fields: object
+                ) -> JobState:
+    """A job already running since `start`, placed (and allocated) on `state`."""
+    js = JobState(job, status=JobStatus.RUNNING, start_time=start, first_start=start,
+                  **fields)  # type: ignore[arg-type]
+    js.allocation = place_and_allocate(state, job.request)
+    assert js.allocation is not None, f"job {job.id} does not fit"
+    return js
+
+
+def snapshot_for(policy: Policy, cluster: Cluster, state: ClusterState,
+                 waiting: Iterable[JobState], running: Iterable[JobState],
+                 config: SchedConfig | None = None) -> Snapshot:
+    """A snapshot as an owner builds it: pending sorted by the policy's key."""
+    return Snapshot(cluster, state, sorted(waiting, key=policy.order),
+                    {js.id: js for js in running}, config or SchedConfig())
 
 
 def apply_decisions(snap: Snapshot, d: Decisions) -> ClusterState:
