@@ -26,12 +26,10 @@ GPU_ONLY = Request()  # book-keeping on `avoid` counts GPU share only
 
 
 def easy_backfill(snap: Snapshot, now: float, work: ClusterState, queue: Iterable[JobState],
-                  d: Decisions, reason: str, oracle: bool = False) -> list[JobState]:
-    """Start what fits in `queue` order, with EASY backfill. Allocates on `work`.
-    Returns the jobs that were examined and could not start, in queue order."""
+                  d: Decisions, reason: str, oracle: bool = False) -> None:
+    """Start what fits in `queue` order, with EASY backfill. Allocates on `work`."""
     cfg = snap.config
     started: list[tuple[JobState, Allocation]] = []
-    blocked: list[JobState] = []
     shadow, reserved = math.inf, frozenset()
     head: JobState | None = None
     avoid: ClusterState | None = None
@@ -43,7 +41,6 @@ def easy_backfill(snap: Snapshot, now: float, work: ClusterState, queue: Iterabl
             alloc = place(work, req, cfg.placement)
             if alloc is None:
                 head = js
-                blocked.append(js)
                 shadow, reserved = reservation(snap, now, work, js, started, oracle)
                 avoid = without_reserved(work, reserved)
                 when = "unknown" if math.isinf(shadow) else f"t={shadow:.0f}s"
@@ -61,7 +58,6 @@ def easy_backfill(snap: Snapshot, now: float, work: ClusterState, queue: Iterabl
             target = work if now + est <= shadow else avoid
             alloc = place(target, req, cfg.placement)  # type: ignore[arg-type]
             if alloc is None:
-                blocked.append(js)
                 d.waiting[js.id] = behind if target is work else delays
                 continue
             avoid.allocate(masked(alloc, reserved), GPU_ONLY)  # type: ignore[union-attr]
@@ -69,7 +65,6 @@ def easy_backfill(snap: Snapshot, now: float, work: ClusterState, queue: Iterabl
         work.allocate(alloc, req)
         started.append((js, alloc))
         d.starts.append(Start(js.id, alloc, why))
-    return blocked
 
 
 def masked(alloc: Allocation, reserved: frozenset[int]) -> Allocation:

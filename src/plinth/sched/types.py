@@ -127,4 +127,5 @@ class Decisions:
     wake_at: float | None = None  # call me again then, even if nothing else happens
 
     def __bool__(self) -> bool:
+        """True when the pass changes anything (reasons and wake-ups alone do not)."""
         return bool(self.starts or self.preempts or self.resizes)

@@ -16,7 +16,7 @@ import heapq
 import math
 import time as wallclock
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 from sortedcontainers import SortedKeyList
@@ -62,7 +62,6 @@ class SimResult:
     wall_s: float
     alloc_ratio_at_first_failure: float | None = None
     lost_work_s: float = 0.0
-    extra: dict = field(default_factory=dict)
 
 
 def simulate(
@@ -107,7 +106,6 @@ class _Simulator:
             if self.states[j.id].status is JobStatus.PENDING:
                 self._push(j.submit_time, ARRIVAL, j.id, 0)
         # Integrals for utilisation and for finish-time fairness (active jobs over time).
-        self.used_gpus = 0.0
         self.active = 0
         self.t_last = 0.0
         self.gpu_seconds = 0.0
@@ -182,8 +180,12 @@ class _Simulator:
                         f"nothing running (first: {ids})")
         return self._result(wallclock.perf_counter() - began)
 
+    @property
+    def used_gpus(self) -> float:
+        return self.state.used_milli / MILLI
+
     def _full(self) -> bool:
-        return self.used_gpus >= self.cluster.total_gpus - 1e-9
+        return self.state.free_milli == 0
 
     def _advance(self, now: float) -> None:
         dt = now - self.t_last
@@ -256,7 +258,6 @@ class _Simulator:
         version = old.version + 1 if old else 1
         self.runs[js.id] = _Run(now, t0, js.progress, js.attained, js.executed, gpus, version)
         self.running[js.id] = js
-        self.used_gpus += gpus
         self._push(t0 + js.remaining / js.rate, FINISH, js.id, version)
 
     def _touch(self, js: JobState, now: float) -> None:
@@ -280,7 +281,6 @@ class _Simulator:
             self.lost_work += js.progress - js.checkpointed
             js.progress = js.checkpointed
         self.state.release(js.allocation, js.job.request)  # type: ignore[arg-type]
-        self.used_gpus -= self.runs[js.id].gpus
         self.runs[js.id].version += 1  # its pending FINISH event is now stale
         del self.running[js.id]
 
@@ -301,7 +301,7 @@ class _Simulator:
         self._touch(js, now)
         js.progress = js.job.duration
         self.state.release(js.allocation, js.job.request)  # type: ignore[arg-type]
-        self.used_gpus -= self.runs.pop(js.id).gpus
+        del self.runs[js.id]
         del self.running[js.id]
         js.status, js.end_time = JobStatus.COMPLETED, now
         self.active -= 1

@@ -42,7 +42,7 @@ from collections.abc import Sequence
 
 from plinth.core.errors import SpecError
 from plinth.sched.policies.base import Policy
-from plinth.sched.policies.priority import MIN_WAKE, PreemptionPlan
+from plinth.sched.preemption import MIN_WAKE, PreemptionPlan
 from plinth.sched.types import Decisions, JobState, Snapshot
 
 DEFAULT_THRESHOLDS: tuple[float, ...] = (3600.0, 36000.0)  # GPU-seconds
