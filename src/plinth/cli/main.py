@@ -7,14 +7,21 @@ import sys
 import typer
 from rich.console import Console
 
+from plinth.cli import platform as platform_cmd
+from plinth.cli import quickstart as quickstart_cmd
 from plinth.cli import sim as sim_cmd
 from plinth.core.errors import PlinthError
 
-app = typer.Typer(help="Plinth: an ML platform's GPU scheduler and simulator.",
+app = typer.Typer(help="Plinth: an ML platform. Run jobs on GPUs, simulate schedulers, "
+                       "federate learning.",
                   no_args_is_help=True, pretty_exceptions_enable=False)
 app.command("sim")(sim_cmd.sim)
 app.command("demo")(sim_cmd.demo)
 app.command("policies")(sim_cmd.policies)
+for _name in ("up", "submit", "ls", "show", "logs", "cancel", "nodes", "top"):
+    app.command(_name)(getattr(platform_cmd, _name))
+app.add_typer(platform_cmd.tenant_app, name="tenant")
+app.command("quickstart")(quickstart_cmd.quickstart)
 
 err = Console(stderr=True)
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import csv
 import os
 import re
+import typing
 from typing import Any
 
 import yaml
@@ -145,7 +146,19 @@ class ClusterSpec(BaseModel):
 
 # --- error formatting -----------------------------------------------------------------------
 
-_MODELS_BY_KEY: dict[str, type[BaseModel]] = {"nodes": NodeGroupSpec, "tenants": TenantSpec}
+def _owner(root: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel]:
+    """The model that owns the last field of `loc`, found by walking field annotations."""
+    model = root
+    for part in loc[:-1]:
+        if isinstance(part, int) or part not in model.model_fields:
+            continue  # a list index, or a dict key: the item type is found at the next name
+        ann = model.model_fields[part].annotation
+        for t in (ann, *typing.get_args(ann), *(a for g in typing.get_args(ann)
+                                               for a in typing.get_args(g))):
+            if isinstance(t, type) and issubclass(t, BaseModel):
+                model = t
+                break
+    return model
 
 
 def _loc_path(loc: tuple[Any, ...]) -> str:
@@ -155,11 +168,10 @@ def _loc_path(loc: tuple[Any, ...]) -> str:
     return out
 
 
-def _error_text(err: dict[str, Any]) -> str:
+def _error_text(err: dict[str, Any], root: type[BaseModel]) -> str:
     kind, ctx, got = err["type"], err.get("ctx") or {}, err.get("input")
     if kind == "extra_forbidden":
-        loc = err["loc"]
-        owner = _MODELS_BY_KEY.get(loc[0], ClusterSpec) if len(loc) > 2 else ClusterSpec
+        owner = _owner(root, tuple(err["loc"]))
         return f"unknown field; allowed fields: {', '.join(owner.model_fields)}"
     if kind == "missing":
         return "required field is missing"
@@ -175,13 +187,34 @@ def _error_text(err: dict[str, Any]) -> str:
     return f"{err['msg'][0].lower()}{err['msg'][1:]} (got {got!r})"
 
 
-def _validation_message(where: str, exc: ValidationError) -> str:
+def validation_message(where: str, exc: ValidationError, root: type[BaseModel]) -> str:
+    """One line for a pydantic error: where, the field path, and what is wrong with it."""
     errors = exc.errors()
     # A misspelt field also makes the real one "missing"; the typo is the error to show.
     first = min(errors, key=lambda e: e["type"] != "extra_forbidden")
     path = _loc_path(tuple(first["loc"]))
     more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-    return f"{where}: {path + ': ' if path else ''}{_error_text(first)}{more}"
+    return f"{where}: {path + ': ' if path else ''}{_error_text(first, root)}{more}"
+
+
+def read_yaml(path: str, what: str) -> Any:
+    """Parse a YAML file; errors name the file, the line and the problem."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as e:
+        raise SpecError(f"{path}: cannot read {what}: {e.strerror}") from None
+    return parse_yaml(text, path)
+
+
+def parse_yaml(text: str, where: str) -> Any:
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        at = f"{where}:{mark.line + 1}" if mark is not None else where
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise SpecError(f"{at}: invalid YAML: {problem}") from None
 
 
 # --- loaders ----------------------------------------------------------------------------------
@@ -197,7 +230,7 @@ def cluster_from_dict(data: Any, *, source: str = "cluster spec") -> Cluster:
     try:
         spec = ClusterSpec.model_validate(data)
     except ValidationError as e:
-        raise SpecError(_validation_message(source, e)) from None
+        raise SpecError(validation_message(source, e, ClusterSpec)) from None
     try:
         return spec.to_cluster()
     except SpecError as e:  # e.g. no GPUs, duplicate node names
@@ -205,18 +238,7 @@ def cluster_from_dict(data: Any, *, source: str = "cluster spec") -> Cluster:
 
 
 def load_cluster_yaml(path: str) -> Cluster:
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except OSError as e:
-        raise SpecError(f"{path}: cannot read cluster spec: {e.strerror}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}" if mark is not None else path
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise SpecError(f"{where}: invalid YAML: {problem}") from None
+    data = read_yaml(path, "cluster spec")
     return cluster_from_dict(data, source=path)
 
 

@@ -93,6 +93,24 @@ class ClusterState:
         return int(self.free_whole_by_model[ids].sum())
 
     # -- changes ---------------------------------------------------------------------------
+    def fits(self, alloc: Allocation, req: Request) -> bool:
+        """Whether `alloc` can be allocated now. The control plane asks before it starts a job
+        on GPUs that a preempted job may still be releasing."""
+        cpu: dict[int, int] = {}
+        mem: dict[int, int] = {}
+        milli: dict[int, int] = {}
+        gmem: dict[int, int] = {}
+        for slot in alloc.slots:
+            cpu[slot.node] = cpu.get(slot.node, 0) + req.cpus_milli
+            mem[slot.node] = mem.get(slot.node, 0) + req.memory_mib
+            for g in slot.gpus:
+                milli[g] = milli.get(g, 0) + slot.milli
+                gmem[g] = gmem.get(g, 0) + slot.gpu_memory_mib
+        return (all(self.node_free_cpu[n] >= v for n, v in cpu.items())
+                and all(self.node_free_mem[n] >= v for n, v in mem.items())
+                and all(self.gpu_free_milli[g] >= v for g, v in milli.items())
+                and all(self.gpu_free_mem[g] >= v for g, v in gmem.items()))
+
     def allocate(self, alloc: Allocation, req: Request) -> None:
         self._apply(alloc, req, -1)
 

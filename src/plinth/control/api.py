@@ -1,0 +1,228 @@
+"""The REST API (FastAPI; OpenAPI at /docs). Every route but /v1/health needs a bearer token.
+
+A tenant sees only its own jobs: another tenant's job answers 404, exactly as a job that does
+not exist, so that ids do not leak what others run.
+"""
+
+# No `from __future__ import annotations`: FastAPI reads the route annotations at runtime.
+
+from typing import Annotated, Any
+
+from fastapi import Depends, FastAPI, HTTPException, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import BaseModel, Field
+
+import plinth
+from plinth.control.auth import Auth, Principal, check_tenant_name
+from plinth.control.lifecycle import TERMINAL, State
+from plinth.control.service import Conflict, ControlPlane, NotFound
+from plinth.control.spec import JobSpec
+from plinth.core.errors import PlinthError, SpecError, UnplaceableError
+
+LOG_CHUNK = 1 << 20
+
+
+class Submitted(BaseModel):
+    id: int
+    state: str
+
+
+class JobSummary(BaseModel):
+    id: int
+    name: str
+    tenant: str
+    state: str
+    priority: int
+    submit_time: float
+    start_time: float | None
+    end_time: float | None
+    attempt: int
+    exit_code: int | None
+    preemptions: int
+    gpus: float
+    workers: int
+    reason: str
+
+
+class JobEvent(BaseModel):
+    time: float
+    kind: str
+    message: str
+
+
+class JobDetail(JobSummary):
+    spec: dict[str, Any]
+    allocation: dict[str, Any] | None
+    events: list[JobEvent]
+
+
+class LogChunk(BaseModel):
+    data: str
+    offset: int  # where the next read starts
+    done: bool  # the job has finished and `data` reaches the end of its log
+
+
+class NodeInfo(BaseModel):
+    name: str
+    gpu_model: str | None
+    gpus: int
+    gpus_used: float
+    gpu_free_milli: list[int]
+    cpus: float
+    cpus_used: float
+    memory_mib: int
+    memory_used_mib: int
+    running: list[int]
+
+
+class TenantIn(BaseModel):
+    gpus: float | None = Field(None, ge=0, description="nominal GPU quota; null: an equal share")
+    borrowing_limit: float | None = Field(None, ge=0)
+
+
+class TenantOut(BaseModel):
+    name: str
+    gpus: float | None
+    borrowing_limit: float | None
+
+
+class TokenOut(BaseModel):
+    tenant: str
+    token: str
+
+
+class Health(BaseModel):
+    status: str
+    version: str
+    policy: str
+    nodes: int
+    gpus: int
+    isolation: str
+
+
+def create_app(cp: ControlPlane, auth: Auth) -> FastAPI:
+    app = FastAPI(title="Plinth", version=plinth.__version__,
+                  description="Submit, watch and cancel jobs on a Plinth cluster.")
+    bearer = HTTPBearer(auto_error=False)
+
+    def principal(cred: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
+                  ) -> Principal:
+        who = auth.principal(cred.credentials if cred else None)
+        if who is None:
+            raise HTTPException(401, "missing or unknown API token",
+                                headers={"WWW-Authenticate": "Bearer"})
+        return who
+
+    def admin(who: Annotated[Principal, Depends(principal)]) -> Principal:
+        if not who.admin:
+            raise HTTPException(403, "this needs an admin token")
+        return who
+
+    Who = Annotated[Principal, Depends(principal)]
+    Admin = Annotated[Principal, Depends(admin)]
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        errs = exc.errors()
+        first = errs[0] if errs else {"loc": (), "msg": "invalid request"}
+        path = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
+        more = f" (and {len(errs) - 1} more)" if len(errs) > 1 else ""
+        return JSONResponse(status_code=422, content={
+            "detail": f"{path or 'request'}: {first.get('msg', 'invalid')}{more}"})
+
+    @app.exception_handler(PlinthError)
+    async def _plinth(_: Request, exc: PlinthError) -> JSONResponse:
+        code = (404 if isinstance(exc, NotFound) else 409 if isinstance(exc, Conflict)
+                else 422 if isinstance(exc, (SpecError, UnplaceableError)) else 400)
+        return JSONResponse(status_code=code, content={"detail": str(exc)})
+
+    def visible(job_id: int, who: Principal) -> dict:
+        row = cp.store.job(job_id)
+        if row is None or not who.may_see(row["tenant"]):
+            raise NotFound(f"job {job_id} not found")
+        return row
+
+    def summary(row: dict) -> dict:
+        spec = row["spec"]
+        res = spec.get("resources", {})
+        per_worker = res.get("gpus") or res.get("gpu_fraction") or 0
+        reason = row["reason"]
+        if row["state"] == State.PENDING.value:
+            reason = cp.reason(row["id"]) or reason
+        return {**{k: row[k] for k in JobSummary.model_fields if k in row},
+                "gpus": per_worker * spec.get("workers", 1), "workers": spec.get("workers", 1),
+                "reason": reason}
+
+    @app.get("/v1/health", response_model=Health)
+    def health() -> dict:
+        return {"status": "ok", "version": plinth.__version__, "policy": cp.policy_name,
+                "nodes": len(cp.cluster.nodes), "gpus": cp.cluster.total_gpus,
+                "isolation": getattr(cp.runtime, "isolation", "none")}
+
+    @app.post("/v1/jobs", response_model=Submitted, status_code=201)
+    def submit(spec: JobSpec, who: Who) -> dict:
+        tenant = spec.tenant or who.tenant
+        if tenant != who.tenant and not who.admin:
+            raise HTTPException(403, f"a token of tenant {who.tenant!r} cannot submit for "
+                                     f"tenant {tenant!r}")
+        if tenant not in cp.tenant_names:
+            raise SpecError(f"tenant: unknown tenant {tenant!r}")
+        return {"id": cp.submit(spec, tenant), "state": State.PENDING.value}
+
+    @app.get("/v1/jobs", response_model=list[JobSummary])
+    def list_jobs(who: Who, all: bool = False, tenant: str | None = None,  # noqa: A002
+                  limit: Annotated[int, Query(ge=1, le=10000)] = 1000) -> list[dict]:
+        if tenant is not None and not who.may_see(tenant):
+            return []
+        scope = tenant if tenant is not None else (None if who.admin else who.tenant)
+        states = None if all else [s for s in State if s not in TERMINAL]
+        return [summary(r) for r in cp.store.jobs(tenant=scope, states=states, limit=limit)]
+
+    @app.get("/v1/jobs/{job_id}", response_model=JobDetail)
+    def show(job_id: int, who: Who) -> dict:
+        row = visible(job_id, who)
+        return {**summary(row), "spec": row["spec"], "allocation": row["allocation"],
+                "events": [{"time": e["time"], "kind": e["kind"], "message": e["message"]}
+                           for e in cp.store.events(job_id)]}
+
+    @app.post("/v1/jobs/{job_id}/cancel", response_model=Submitted)
+    def cancel(job_id: int, who: Who) -> dict:
+        visible(job_id, who)
+        return {"id": job_id, "state": cp.cancel(job_id)}
+
+    @app.get("/v1/jobs/{job_id}/logs", response_model=LogChunk)
+    def logs(job_id: int, who: Who, offset: Annotated[int, Query(ge=0)] = 0) -> dict:
+        row = visible(job_id, who)
+        path = cp.log_path(job_id)
+        data = b""
+        if path.exists():
+            with open(path, "rb") as f:
+                f.seek(offset)
+                data = f.read(LOG_CHUNK)
+        done = State(row["state"]).terminal and len(data) < LOG_CHUNK
+        return {"data": data.decode("utf-8", "replace"), "offset": offset + len(data),
+                "done": done}
+
+    @app.get("/v1/nodes", response_model=list[NodeInfo])
+    def nodes(_: Who) -> list[dict]:
+        return cp.node_usage()
+
+    @app.get("/v1/tenants", response_model=list[TenantOut])
+    def list_tenants(_: Admin) -> list[dict]:
+        return cp.store.tenants()
+
+    @app.put("/v1/tenants/{name}", response_model=TenantOut)
+    def put_tenant(name: str, body: TenantIn, _: Admin) -> dict:
+        check_tenant_name(name)
+        cp.set_tenant(name, body.gpus, body.borrowing_limit)
+        return {"name": name, **body.model_dump()}
+
+    @app.post("/v1/tenants/{name}/tokens", response_model=TokenOut, status_code=201)
+    def add_token(name: str, _: Admin) -> dict:
+        if name not in cp.tenant_names:
+            raise NotFound(f"tenant {name!r} not found")
+        return {"tenant": name, "token": auth.add_token(name)}
+
+    return app

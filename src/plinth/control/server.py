@@ -1,0 +1,75 @@
+"""`plinth up`: the control plane process (store + runtime + scheduler loop + REST API)."""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import uvicorn
+
+from plinth.control.api import create_app
+from plinth.control.auth import Auth
+from plinth.control.service import ControlPlane
+from plinth.control.store import Store
+from plinth.core.errors import SpecError
+from plinth.sched.types import SchedConfig
+
+DEFAULT_PORT = 8642
+
+
+@dataclass(frozen=True, slots=True)
+class ServerConfig:
+    home: Path
+    host: str = "127.0.0.1"
+    port: int = DEFAULT_PORT
+    db: str | None = None  # SQLAlchemy URL; default: SQLite at $PLINTH_HOME/plinth.db
+    fake_gpus: str | None = None
+    policy: str = "drf"
+    grace_s: float = 10.0
+    min_runtime_s: float = 30.0  # a job runs this long before it may be preempted
+
+    @property
+    def db_url(self) -> str:
+        return self.db or f"sqlite:///{(self.home / 'plinth.db').resolve()}"
+
+
+def build(cfg: ServerConfig) -> tuple[ControlPlane, Auth]:
+    """The control plane, recovered from the store, with its loop not yet started."""
+    from plinth.runtime.local import LocalRuntime
+
+    if cfg.grace_s < 0:
+        raise SpecError(f"--grace: must be >= 0, got {cfg.grace_s}")
+    cfg.home.mkdir(parents=True, exist_ok=True)
+    store = Store(cfg.db_url)
+    auth = Auth(store)
+    auth.bootstrap(cfg.home)
+    holder: list[ControlPlane] = []
+    runtime = LocalRuntime(cfg.home / "runtime", fake_gpus=cfg.fake_gpus,
+                           notify=lambda: holder[0].notify() if holder else None)
+    if not any(n.num_gpus for n in runtime.nodes()):
+        runtime.close()
+        raise SpecError("no GPU found (NVML); declare virtual ones with --fake-gpus 4xA100")
+    config = SchedConfig(min_runtime=cfg.min_runtime_s)
+    cp = ControlPlane(store, runtime, home=cfg.home, policy=cfg.policy, config=config,
+                      grace_s=cfg.grace_s)
+    holder.append(cp)
+    return cp, auth
+
+
+def serve(cfg: ServerConfig, *, announce=print) -> None:
+    """Run until SIGINT or SIGTERM; running jobs are left running for the next start to adopt."""
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
+    cp, auth = build(cfg)
+    cp.start()
+    app = create_app(cp, auth)
+    server = uvicorn.Server(uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level="warning",
+                                           access_log=False, lifespan="off"))
+    announce(f"plinth control plane on http://{cfg.host}:{cfg.port} (pid {os.getpid()}), "
+             f"store {cfg.db_url}, {cp.cluster.describe()}, policy {cfg.policy}, "
+             f"isolation {getattr(cp.runtime, 'isolation', '?')}")
+    try:
+        server.run()
+    finally:
+        cp.close()

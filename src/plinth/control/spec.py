@@ -1,0 +1,167 @@
+"""Job specs: the YAML a user submits, checked once at the boundary by pydantic.
+
+```yaml
+name: train-cnn
+tenant: research            # optional: the token's tenant by default
+command: ["python", "train.py", "--steps", "200"]   # or one string, run by /bin/sh -c
+env: {SEED: "1"}
+workdir: .                  # default: the directory `plinth submit` runs in
+resources:
+  cpus: 1
+  memory: 4Gi
+  gpus: 1                   # whole GPUs per worker, or
+  gpu_fraction: 0.25        # a share of one GPU (MPS), with
+  gpu_memory: 8Gi           # its GPU memory limit
+  gpu_model: A100           # or a list of allowed models
+workers: 2                  # a gang: all start together or none does
+priority: 0
+preemptible: true
+max_runtime: 30m            # seconds, or 90s / 30m / 2h / 1d
+retries: 0                  # requeue a failed run this many times
+checkpoint_dir: /data/ckpt  # default: $PLINTH_HOME/checkpoints/JOB
+```
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from plinth.core.errors import SpecError
+from plinth.core.gpus import gpu_model
+from plinth.core.resources import MILLI, Request
+from plinth.core.spec import parse_memory, parse_yaml, read_yaml, validation_message
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d)?\s*$")
+_SECONDS = {None: 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+
+
+def parse_duration(value: Any) -> float:
+    """Seconds from a number or a string such as ``90s``, ``30m``, ``2h`` or ``1d``."""
+    if isinstance(value, bool):
+        raise ValueError(f"expected seconds or a duration like 30m, got {value!r}")
+    if isinstance(value, (int, float)):
+        if value <= 0:
+            raise ValueError(f"must be > 0 (got {value!r})")
+        return float(value)
+    m = _DURATION.match(str(value))
+    if m is None:
+        raise ValueError("expected seconds or a duration like 30m (units s, m, h, d), "
+                         f"got {value!r}")
+    seconds = float(m.group(1)) * _SECONDS[m.group(2)]
+    if seconds <= 0:
+        raise ValueError(f"must be > 0 (got {value!r})")
+    return seconds
+
+
+class Resources(BaseModel):
+    """Per worker."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    cpus: float = Field(1.0, ge=0)
+    memory: int = 4096  # MiB
+    gpus: int = Field(0, ge=0)
+    gpu_fraction: float | None = Field(None, gt=0, le=1)
+    gpu_memory: int | None = None  # MiB
+    gpu_model: list[str] = Field(default_factory=list)
+
+    @field_validator("memory", "gpu_memory", mode="before")
+    @classmethod
+    def _memory(cls, v: Any) -> int | None:
+        return None if v is None else parse_memory(v)
+
+    @field_validator("gpu_model", mode="before")
+    @classmethod
+    def _models(cls, v: Any) -> list[str]:
+        names = [v] if isinstance(v, str) else (v or [])
+        try:
+            return [gpu_model(str(n)).name for n in names]
+        except SpecError as e:
+            raise ValueError(str(e)) from None
+
+    @model_validator(mode="after")
+    def _gpu_shape(self) -> Resources:
+        if self.gpu_fraction is not None and self.gpus:
+            raise ValueError("ask for whole gpus or a gpu_fraction, not both")
+        if self.gpu_memory is not None and self.gpu_fraction is None:
+            raise ValueError("gpu_memory limits a gpu_fraction; whole GPUs come with all "
+                             "their memory")
+        return self
+
+
+class JobSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = "job"
+    tenant: str | None = None
+    command: list[str] = Field(min_length=1)
+    env: dict[str, str] = Field(default_factory=dict)
+    workdir: str | None = None
+    resources: Resources = Field(default_factory=Resources)
+    workers: int = Field(1, ge=1, le=1024)
+    priority: int = 0
+    preemptible: bool = True
+    max_runtime: float | None = None  # seconds
+    retries: int = Field(0, ge=0, le=100)
+    checkpoint_dir: str | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not _NAME.match(v):
+            raise ValueError("must be 1-63 letters, digits, '-', '_' or '.', starting with a "
+                             f"letter or digit (got {v!r})")
+        return v
+
+    @field_validator("command", mode="before")
+    @classmethod
+    def _command(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            if not v.strip():
+                raise ValueError("must not be empty")
+            return ["/bin/sh", "-c", v]
+        return v
+
+    @field_validator("env", mode="before")
+    @classmethod
+    def _env(cls, v: Any) -> Any:
+        # YAML turns `SEED: 1` into an int; an environment holds strings.
+        if isinstance(v, dict):
+            return {str(k): (str(x).lower() if isinstance(x, bool) else str(x))
+                    for k, x in v.items()}
+        return v
+
+    @field_validator("max_runtime", mode="before")
+    @classmethod
+    def _runtime(cls, v: Any) -> float | None:
+        return None if v is None else parse_duration(v)
+
+    def request(self) -> Request:
+        """The scheduler's view of this spec."""
+        r = self.resources
+        milli = round(r.gpu_fraction * MILLI) if r.gpu_fraction is not None else 0
+        whole = r.gpus + (1 if milli >= MILLI else 0)
+        return Request(gpus=whole, gpu_milli=milli if milli < MILLI else 0,
+                       gpu_memory_mib=r.gpu_memory or 0, cpus_milli=round(r.cpus * MILLI),
+                       memory_mib=r.memory, workers=self.workers, gpu_models=tuple(r.gpu_model))
+
+
+def job_spec_from_dict(data: Any, *, source: str = "job spec") -> JobSpec:
+    if not isinstance(data, dict):
+        raise SpecError(f"{source}: expected a mapping of job fields, got {type(data).__name__}")
+    try:
+        return JobSpec.model_validate(data)
+    except ValidationError as e:
+        raise SpecError(validation_message(source, e, JobSpec)) from None
+
+
+def load_job_spec(path: str) -> JobSpec:
+    return job_spec_from_dict(read_yaml(path, "job spec"), source=path)
+
+
+def parse_job_spec(text: str, *, source: str = "job spec") -> JobSpec:
+    return job_spec_from_dict(parse_yaml(text, source), source=source)

@@ -1,0 +1,216 @@
+"""The durable store: jobs, their events, tenants and API tokens, through SQLAlchemy Core.
+
+SQLite is the default (one file, WAL mode); PostgreSQL works through the same code with a
+``postgresql://`` URL. Every state change of a job is one transaction that updates the job row
+(guarded by its old state) and appends the event that explains it, so the store never holds a
+state without its reason, and a crash between the two cannot happen.
+
+SQLite runs with ``synchronous=NORMAL`` in WAL mode: a committed transaction survives the
+control plane being killed (the WAL is in the OS page cache); only a power loss can take back
+the last few commits.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+
+from plinth.control.lifecycle import TERMINAL, State, check_transition
+from plinth.core.errors import PlinthError, SpecError
+
+metadata = sa.MetaData()
+
+jobs = sa.Table(
+    "jobs", metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("name", sa.String(64), nullable=False),
+    sa.Column("tenant", sa.String(64), nullable=False, index=True),
+    sa.Column("state", sa.String(16), nullable=False, index=True),
+    sa.Column("priority", sa.Integer, nullable=False, default=0),
+    sa.Column("spec", sa.JSON, nullable=False),
+    sa.Column("submit_time", sa.Float, nullable=False),
+    sa.Column("start_time", sa.Float),
+    sa.Column("end_time", sa.Float),
+    sa.Column("attempt", sa.Integer, nullable=False, default=0),
+    sa.Column("exit_code", sa.Integer),
+    sa.Column("reason", sa.Text, nullable=False, default=""),
+    sa.Column("stop_reason", sa.String(16)),
+    sa.Column("allocation", sa.JSON),
+    sa.Column("handle", sa.JSON),
+    sa.Column("preemptions", sa.Integer, nullable=False, default=0),
+)
+
+events = sa.Table(
+    "events", metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("job_id", sa.Integer, sa.ForeignKey("jobs.id"), nullable=False, index=True),
+    sa.Column("time", sa.Float, nullable=False),
+    sa.Column("kind", sa.String(32), nullable=False),
+    sa.Column("message", sa.Text, nullable=False, default=""),
+)
+
+tenants = sa.Table(
+    "tenants", metadata,
+    sa.Column("name", sa.String(64), primary_key=True),
+    sa.Column("gpus", sa.Float),  # nominal GPU quota; NULL: an equal share
+    sa.Column("borrowing_limit", sa.Float),  # NULL: may borrow all idle quota
+)
+
+tokens = sa.Table(
+    "tokens", metadata,
+    sa.Column("digest", sa.String(64), primary_key=True),  # sha256 of the token, never the token
+    sa.Column("tenant", sa.String(64), sa.ForeignKey("tenants.name"), nullable=False),
+    sa.Column("admin", sa.Boolean, nullable=False, default=False),
+    sa.Column("created", sa.Float, nullable=False),
+)
+
+
+def digest(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def normalise_url(url: str) -> str:
+    """A path or SQLAlchemy URL; ``postgresql://`` uses the psycopg 3 driver."""
+    if "://" not in url:
+        return f"sqlite:///{Path(url).expanduser().resolve()}"
+    if url.startswith(("postgresql://", "postgres://")):
+        return "postgresql+psycopg://" + url.split("://", 1)[1]
+    return url
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    job_id: int
+    kind: str
+    message: str = ""
+
+
+class Store:
+    def __init__(self, url: str) -> None:
+        self.url = normalise_url(url)
+        self.sqlite = self.url.startswith("sqlite")
+        kwargs: dict[str, Any] = {}
+        if self.sqlite:
+            path = self.url.removeprefix("sqlite:///")
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            kwargs["connect_args"] = {"check_same_thread": False, "timeout": 30}
+        try:
+            self.engine = sa.create_engine(self.url, **kwargs)
+        except (sa.exc.ArgumentError, ModuleNotFoundError) as e:
+            raise SpecError(f"--db: cannot use {url!r}: {e}") from None
+        if self.sqlite:
+            sa.event.listen(self.engine, "connect", _sqlite_pragmas)
+        # SQLite has one writer at a time; taking turns here avoids busy retries under load.
+        self._write = threading.Lock() if self.sqlite else _NoLock()
+        try:
+            metadata.create_all(self.engine)
+        except sa.exc.OperationalError as e:
+            raise PlinthError(f"--db: cannot open {url!r}: {str(e.orig).strip()}") from None
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    # --- jobs ---------------------------------------------------------------------------------
+
+    def insert_job(self, row: Mapping[str, Any], now: float, message: str = "") -> int:
+        with self._write, self.engine.begin() as c:
+            job_id = c.execute(jobs.insert().values(**row, state=State.PENDING.value,
+                                                    submit_time=now)).inserted_primary_key[0]
+            c.execute(events.insert().values(job_id=job_id, time=now, kind="submitted",
+                                             message=message))
+        return int(job_id)
+
+    def transition(self, job_id: int, old: State, new: State, now: float, kind: str,
+                   message: str = "", **fields: Any) -> None:
+        """Move a job from `old` to `new`, with `fields` changed and the event recorded, in one
+        transaction. Raises if the transition is illegal or the job is no longer in `old`."""
+        check_transition(job_id, old, new)
+        with self._write, self.engine.begin() as c:
+            done = c.execute(jobs.update().where(jobs.c.id == job_id, jobs.c.state == old.value)
+                             .values(state=new.value, **fields)).rowcount
+            if done != 1:
+                raise PlinthError(f"job {job_id}: store does not hold it as {old.value}")
+            c.execute(events.insert().values(job_id=job_id, time=now, kind=kind,
+                                             message=message))
+
+    def update_job(self, job_id: int, **fields: Any) -> None:
+        with self._write, self.engine.begin() as c:
+            c.execute(jobs.update().where(jobs.c.id == job_id).values(**fields))
+
+    def add_events(self, batch: Iterable[Event], now: float) -> None:
+        rows = [{"job_id": e.job_id, "time": now, "kind": e.kind, "message": e.message}
+                for e in batch]
+        if rows:
+            with self._write, self.engine.begin() as c:
+                c.execute(events.insert(), rows)
+
+    def job(self, job_id: int) -> dict | None:
+        with self.engine.connect() as c:
+            row = c.execute(jobs.select().where(jobs.c.id == job_id)).mappings().first()
+        return dict(row) if row else None
+
+    def jobs(self, *, tenant: str | None = None, states: Iterable[State] | None = None,
+             limit: int = 1000) -> list[dict]:
+        q = jobs.select().order_by(jobs.c.id.desc()).limit(limit)
+        if tenant is not None:
+            q = q.where(jobs.c.tenant == tenant)
+        if states is not None:
+            q = q.where(jobs.c.state.in_([s.value for s in states]))
+        with self.engine.connect() as c:
+            return [dict(r) for r in c.execute(q).mappings()]
+
+    def active_jobs(self) -> list[dict]:
+        """Every job not yet in a terminal state, oldest first: what a restart recovers."""
+        live = [s for s in State if s not in TERMINAL]
+        return sorted(self.jobs(states=live, limit=10**9), key=lambda r: r["id"])
+
+    def events(self, job_id: int) -> list[dict]:
+        q = events.select().where(events.c.job_id == job_id).order_by(events.c.id)
+        with self.engine.connect() as c:
+            return [dict(r) for r in c.execute(q).mappings()]
+
+    # --- tenants and tokens ---------------------------------------------------------------
+
+    def put_tenant(self, name: str, gpus: float | None, borrowing_limit: float | None) -> None:
+        with self._write, self.engine.begin() as c:
+            c.execute(tenants.delete().where(tenants.c.name == name))
+            c.execute(tenants.insert().values(name=name, gpus=gpus,
+                                              borrowing_limit=borrowing_limit))
+
+    def tenants(self) -> list[dict]:
+        with self.engine.connect() as c:
+            return [dict(r) for r in c.execute(tenants.select().order_by(tenants.c.name))
+                    .mappings()]
+
+    def add_token(self, token: str, tenant: str, admin: bool = False) -> None:
+        with self._write, self.engine.begin() as c:
+            c.execute(tokens.insert().values(digest=digest(token), tenant=tenant, admin=admin,
+                                             created=time.time()))
+
+    def tokens(self) -> dict[str, tuple[str, bool]]:
+        """digest -> (tenant, admin)."""
+        with self.engine.connect() as c:
+            return {r.digest: (r.tenant, r.admin) for r in c.execute(tokens.select())}
+
+
+def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
+    cur = dbapi_conn.cursor()
+    cur.execute("PRAGMA journal_mode=WAL")
+    cur.execute("PRAGMA synchronous=NORMAL")
+    cur.execute("PRAGMA foreign_keys=ON")
+    cur.close()
+
+
+class _NoLock:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None

@@ -1,0 +1,118 @@
+"""The runtime protocol: what the control plane asks of whatever carries out its decisions.
+
+A runtime launches a job's workers on an allocation, stops them with a grace period, reports what
+happened to them as events, and re-adopts the workers of a previous control plane after a crash.
+The local runtime (processes on this machine), and later the Ray and simulated runtimes, all
+implement it and pass the same contract tests.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from plinth.core.resources import Node
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerLaunch:
+    """One worker of a gang: its rank, where it runs, and its limits."""
+
+    rank: int
+    node: str
+    gpus: tuple[int, ...] = ()  # GPU indices local to `node`
+    gpu_milli: int = 1000  # share of each GPU in `gpus` (1000 = the whole GPU)
+    gpu_memory_mib: int = 0  # GPU memory limit for a fractional share (0 = none)
+    cpus_milli: int = 0  # 0 = no CPU limit
+    memory_mib: int = 0  # 0 = no memory limit
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchSpec:
+    """Everything needed to start one attempt of a job."""
+
+    job_id: int
+    attempt: int
+    command: tuple[str, ...]  # argv; a shell command is ("/bin/sh", "-c", "...")
+    workers: tuple[WorkerLaunch, ...]
+    log_path: str  # all workers append to this one file
+    env: Mapping[str, str] = field(default_factory=dict)
+    workdir: str | None = None
+    checkpoint_dir: str | None = None  # exported as PLINTH_CHECKPOINT_DIR
+
+
+@dataclass(frozen=True, slots=True)
+class ProcRef:
+    """A launched process, identified so that a pid reused by another process is not mistaken
+    for it: the pid, its start time as the kernel reports it, and where its exit code goes."""
+
+    pid: int
+    start_time: float
+    exit_file: str
+
+
+@dataclass(frozen=True, slots=True)
+class Handle:
+    """The durable record of a launched attempt; the control plane stores it (`to_dict`) and
+    gives it back to `adopt` after a restart."""
+
+    job_id: int
+    attempt: int
+    procs: tuple[ProcRef, ...]
+
+    def to_dict(self) -> dict:
+        return {"job_id": self.job_id, "attempt": self.attempt,
+                "procs": [[p.pid, p.start_time, p.exit_file] for p in self.procs]}
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> Handle:
+        return cls(int(d["job_id"]), int(d["attempt"]),
+                   tuple(ProcRef(int(p[0]), float(p[1]), str(p[2])) for p in d["procs"]))
+
+
+class EventKind(enum.Enum):
+    EXITED = "exited"  # every worker has exited; exit_code is the first non-zero code, else 0
+    LOST = "lost"  # the workers vanished without leaving an exit code
+
+
+@dataclass(frozen=True, slots=True)
+class RuntimeEvent:
+    job_id: int
+    attempt: int
+    kind: EventKind
+    exit_code: int | None = None
+    message: str = ""
+
+
+class Runtime(Protocol):
+    """What every runtime provides. Events are delivered by `poll`; `notify` (given to the
+    constructor) is called from any thread when new events are ready, to wake the control loop."""
+
+    def nodes(self) -> list[Node]:
+        """The nodes this runtime can place work on."""
+        ...
+
+    def launch(self, spec: LaunchSpec) -> Handle:
+        """Start every worker of `spec`, or none (raise, leaving nothing running)."""
+        ...
+
+    def stop(self, job_id: int, attempt: int, grace_s: float) -> None:
+        """SIGTERM every worker, SIGKILL those still alive after `grace_s`. Returns at once;
+        the end is reported as an EXITED event."""
+        ...
+
+    def adopt(self, handle: Handle) -> bool:
+        """Take over an attempt launched by an earlier control plane. True if its workers still
+        run (and are now watched); otherwise an EXITED or LOST event is queued and False returned."""
+        ...
+
+    def poll(self) -> list[RuntimeEvent]:
+        """Events since the last call, without blocking."""
+        ...
+
+    def close(self) -> None:
+        """Stop watching and release runtime resources (MPS daemons). Running jobs are left
+        running, so that a restarted control plane can adopt them."""
+        ...

@@ -1,0 +1,129 @@
+"""Fixtures: a real PostgreSQL server when the machine has one, and a running control plane."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+
+def _pg_bin(name: str) -> str | None:
+    found = shutil.which(name)
+    if found:
+        return found
+    for base in sorted(Path("/usr/lib/postgresql").glob("*/bin"), reverse=True):
+        if (base / name).exists():
+            return str(base / name)
+    return None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> Iterator[str]:
+    """A throw-away PostgreSQL server on 127.0.0.1, started and stopped here (skipped where the
+    machine has no PostgreSQL binaries)."""
+    initdb, pg_ctl = _pg_bin("initdb"), _pg_bin("pg_ctl")
+    if not (initdb and pg_ctl):
+        pytest.skip("no PostgreSQL binaries (initdb, pg_ctl) on this machine")
+    pytest.importorskip("psycopg")
+    root = Path(tempfile.mkdtemp(prefix="plinth-pg-"))
+    data = root / "data"
+    # PostgreSQL refuses to run as root: run it as the `postgres` user where we are root.
+    as_user: list[str] = []
+    if os.geteuid() == 0:
+        as_user = ["runuser", "-u", "postgres", "--"]
+        shutil.chown(root, "postgres")
+    port = _free_port()
+    subprocess.run([*as_user, initdb, "-D", str(data), "-A", "trust", "-U", "plinth"],
+                   check=True, capture_output=True)
+    subprocess.run([*as_user, pg_ctl, "-D", str(data), "-l", str(root / "log"), "-w", "-o",
+                    f"-p {port} -k {root} -c listen_addresses=127.0.0.1", "start"],
+                   check=True, capture_output=True)
+    try:
+        yield f"postgresql://plinth@127.0.0.1:{port}/postgres"
+    finally:
+        subprocess.run([*as_user, pg_ctl, "-D", str(data), "-m", "immediate", "stop"],
+                       capture_output=True)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+class Platform:
+    """A control plane running as a real process (`plinth up`) on 127.0.0.1."""
+
+    def __init__(self, home: Path, *extra: str) -> None:
+        from plinth.cli.quickstart import free_port
+
+        self.home, self.extra = home, extra
+        self.port = free_port()
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def token(self) -> str:
+        return (self.home / "token").read_text().strip()
+
+    def start(self) -> Platform:
+        from plinth.cli.quickstart import start_server
+
+        self.proc = start_server(self.home, self.port, "--fake-gpus", "4xA100", "--grace", "2",
+                                 "--min-runtime", "0", *self.extra)
+        return self
+
+    def stop(self, sig: int = 15) -> None:
+        from plinth.cli.quickstart import stop_server
+
+        if self.proc is not None:
+            stop_server(self.proc, sig)
+            self.proc = None
+
+    def client(self, token: str | None = None):
+        from plinth.client import Client
+
+        return Client(self.url, token or self.token)
+
+
+@pytest.fixture
+def platform(tmp_path) -> Iterator[Platform]:
+    p = Platform(tmp_path / "home").start()
+    yield p
+    p.stop()
+
+
+@pytest.fixture(scope="module")
+def shared_platform(tmp_path_factory) -> Iterator[Platform]:
+    p = Platform(tmp_path_factory.mktemp("plinth") / "home").start()
+    yield p
+    p.stop()
+
+
+@pytest.fixture
+def wait_for():
+    return _wait_for
+
+
+def _wait_for(cond, timeout: float = 30.0, what: str = "condition"):
+    """Poll `cond` until it returns something truthy; fail the test after `timeout`."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        got = cond()
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.05)

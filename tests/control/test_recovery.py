@@ -1,0 +1,80 @@
+"""Kill the control plane with SIGKILL and restart it: nothing accepted is lost."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import psutil
+
+
+def spec(command: str, gpus: int = 1, name: str = "t") -> dict:
+    return {"name": name, "command": command,
+            "resources": {"cpus": 0.1, "memory": "1Gi", "gpus": gpus}}
+
+
+def test_sigkill_restart_readopts_and_keeps_the_queue(platform, wait_for, tmp_path) -> None:
+    flag = tmp_path / "release"
+    with platform.client() as c:
+        done = c.submit(spec("echo finished-before", name="done"))
+        assert c.wait(done, timeout=60) == "succeeded"
+        # Runs until the test lets it go; holds all 4 GPUs, so `queued` must wait.
+        hog = c.submit(spec(f"while [ ! -e {flag} ]; do sleep 0.05; done; echo released",
+                            gpus=3, name="hog"))
+        short = c.submit(spec("sleep 1; echo short-done", name="short"))
+        wait_for(lambda: c.job(hog)["state"] == "running" and c.job(short)["state"] == "running",
+                 what="both running")
+        queued = c.submit(spec("echo queued-ran", gpus=4, name="queued"))
+        wait_for(lambda: not c.job(queued)["reason"].startswith("queued"),
+                 what="a pass has examined the queued job")
+        assert c.job(queued)["state"] == "pending"
+    ids = {done, hog, short, queued}
+
+    platform.stop(signal.SIGKILL)
+    time.sleep(1.5)  # `short` exits while nobody watches; its exit code waits in its exit file
+    platform.start()
+
+    with platform.client() as c:
+        assert {j["id"] for j in c.jobs(all=True)} >= ids  # no accepted job disappeared
+        assert c.job(done)["state"] == "succeeded"
+        h = c.job(hog)
+        assert h["state"] == "running" and h["attempt"] == 1
+        assert "adopted" in [e["kind"] for e in h["events"]]
+        assert c.wait(short, timeout=30) == "succeeded" and c.job(short)["attempt"] == 1
+        assert "short-done" in c.logs(short)
+        assert c.job(queued)["state"] == "pending"
+        flag.touch()
+        assert c.wait(hog, timeout=30) == "succeeded"
+        assert c.wait(queued, timeout=30) == "succeeded"
+        assert "queued-ran" in c.logs(queued)
+
+
+def _job_processes(job_id: int) -> list[psutil.Process]:
+    found = []
+    for p in psutil.process_iter(["environ"]):
+        env = p.info.get("environ") or {}
+        if env.get("PLINTH_JOB_ID") == str(job_id):
+            found.append(p)
+    return found
+
+
+def test_job_lost_while_down_is_requeued(platform, wait_for) -> None:
+    with platform.client() as c:
+        j = c.submit(spec("sleep 60", name="victim"))
+        wait_for(lambda: c.job(j)["state"] == "running", what="running")
+        procs = wait_for(lambda: _job_processes(j), what="the job's processes")
+    platform.stop(signal.SIGKILL)
+    for p in procs:  # the node "crashes" under the job too: no exit code is left behind
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    platform.start()
+    with platform.client() as c:
+        wait_for(lambda: c.job(j)["attempt"] == 2 and c.job(j)["state"] == "running",
+                 what="requeued and restarted")
+        kinds = [e["kind"] for e in c.job(j)["events"]]
+        assert kinds[:3] == ["submitted", "started", "lost"] and kinds.count("started") == 2
+        c.cancel(j)
+        assert c.wait(j, timeout=30) == "cancelled"

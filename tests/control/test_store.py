@@ -1,0 +1,79 @@
+from __future__ import annotations
+
+import pytest
+
+from plinth.control.lifecycle import TRANSITIONS, IllegalTransition, State, check_transition
+from plinth.control.store import Event, Store
+from plinth.core.errors import PlinthError
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def store(request, tmp_path) -> Store:
+    if request.param == "sqlite":
+        s = Store(str(tmp_path / "plinth.db"))
+    else:
+        url = request.getfixturevalue("postgres_url")
+        s = Store(url)
+        from plinth.control.store import metadata
+
+        metadata.drop_all(s.engine)  # a fresh schema per test on the shared server
+        metadata.create_all(s.engine)
+    yield s
+    s.close()
+
+
+def _row(name: str = "j") -> dict:
+    return {"name": name, "tenant": "default", "priority": 0, "spec": {"command": ["true"]}}
+
+
+def test_job_lifecycle_with_events(store: Store) -> None:
+    store.put_tenant("default", None, None)
+    a = store.insert_job(_row("a"), now=1.0)
+    b = store.insert_job(_row("b"), now=2.0)
+    assert b > a
+    store.transition(a, State.PENDING, State.RUNNING, 3.0, "started", "attempt 1",
+                     attempt=1, start_time=3.0, allocation={"slots": []})
+    store.transition(a, State.RUNNING, State.SUCCEEDED, 4.0, "succeeded", "exit code 0",
+                     exit_code=0, end_time=4.0)
+    row = store.job(a)
+    assert row["state"] == "succeeded" and row["exit_code"] == 0 and row["attempt"] == 1
+    assert [e["kind"] for e in store.events(a)] == ["submitted", "started", "succeeded"]
+    assert [r["id"] for r in store.active_jobs()] == [b]
+    assert {r["id"] for r in store.jobs()} == {a, b}
+    store.add_events([Event(b, "note", "hello")], now=5.0)
+    assert store.events(b)[-1]["message"] == "hello"
+
+
+def test_transition_guards_the_old_state(store: Store) -> None:
+    store.put_tenant("default", None, None)
+    a = store.insert_job(_row(), now=1.0)
+    with pytest.raises(IllegalTransition):
+        store.transition(a, State.PENDING, State.SUCCEEDED, 2.0, "x")
+    with pytest.raises(PlinthError, match="does not hold it as running"):
+        store.transition(a, State.RUNNING, State.SUCCEEDED, 2.0, "x")
+    assert store.job(a)["state"] == "pending"
+    assert [e["kind"] for e in store.events(a)] == ["submitted"]  # nothing half-written
+
+
+def test_tokens_are_stored_hashed(store: Store) -> None:
+    store.put_tenant("research", 2.0, None)
+    store.add_token("secret-token", "research")
+    tokens = store.tokens()
+    assert "secret-token" not in tokens and list(tokens.values()) == [("research", False)]
+    assert store.tenants() == [{"name": "research", "gpus": 2.0, "borrowing_limit": None}]
+
+
+def test_transition_table_is_closed() -> None:
+    for old, targets in TRANSITIONS.items():
+        for new in State:
+            if new in targets:
+                check_transition(1, old, new)
+            else:
+                with pytest.raises(IllegalTransition):
+                    check_transition(1, old, new)
+    assert all(not TRANSITIONS[s] for s in State if s.terminal)
+
+
+def test_bad_db_url_is_one_line() -> None:
+    with pytest.raises(PlinthError, match="--db"):
+        Store("nosuchdialect://x")
