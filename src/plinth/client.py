@@ -89,8 +89,10 @@ class Client:
         body = spec.model_dump(mode="json", exclude_none=True)
         return int(self._call("POST", "/v1/jobs", json=body)["id"])
 
-    def jobs(self, *, all: bool = False, tenant: str | None = None) -> list[dict]:  # noqa: A002
-        params: dict[str, Any] = {"all": all}
+    def jobs(self, *, all: bool = False, tenant: str | None = None,  # noqa: A002
+             limit: int = 1000) -> list[dict]:
+        """Jobs, newest first: active ones, or all with `all=True`."""
+        params: dict[str, Any] = {"all": all, "limit": limit}
         if tenant:
             params["tenant"] = tenant
         return self._call("GET", "/v1/jobs", params=params)

@@ -6,9 +6,10 @@ not exist, so that ids do not leak what others run.
 
 # No `from __future__ import annotations`: FastAPI reads the route annotations at runtime.
 
+import asyncio
 from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, HTTPException, Query, Request
+from fastapi import Depends, FastAPI, HTTPException, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -22,6 +23,18 @@ from plinth.control.spec import JobSpec
 from plinth.core.errors import PlinthError, SpecError, UnplaceableError
 
 LOG_CHUNK = 1 << 20
+MAX_ID = 2**63 - 1  # SQL BIGINT
+JobId = Annotated[int, Path(ge=1, le=MAX_ID)]
+
+
+class ErrorOut(BaseModel):
+    detail: str  # one line that names the field or the job at fault
+
+
+ERRORS: dict = {code: {"model": ErrorOut, "description": what} for code, what in (
+    (401, "missing or unknown API token"), (403, "not allowed for this token"),
+    (404, "no such job or tenant (or another tenant's)"), (409, "conflicts with the job's state"),
+    (422, "invalid input; `detail` names the field"))}
 
 
 class Submitted(BaseModel):
@@ -104,10 +117,13 @@ class Health(BaseModel):
 
 def create_app(cp: ControlPlane, auth: Auth) -> FastAPI:
     app = FastAPI(title="Plinth", version=plinth.__version__,
-                  description="Submit, watch and cancel jobs on a Plinth cluster.")
+                  description="Submit, watch and cancel jobs on a Plinth cluster.",
+                  responses=ERRORS)
     bearer = HTTPBearer(auto_error=False)
 
-    def principal(cred: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
+    # Cheap routes and dependencies are `async def`: they run on the event loop, without a hop
+    # through the thread pool. Routes that read the store are plain `def` and use the pool.
+    async def principal(cred: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
                   ) -> Principal:
         who = auth.principal(cred.credentials if cred else None)
         if who is None:
@@ -115,7 +131,7 @@ def create_app(cp: ControlPlane, auth: Auth) -> FastAPI:
                                 headers={"WWW-Authenticate": "Bearer"})
         return who
 
-    def admin(who: Annotated[Principal, Depends(principal)]) -> Principal:
+    async def admin(who: Annotated[Principal, Depends(principal)]) -> Principal:
         if not who.admin:
             raise HTTPException(403, "this needs an admin token")
         return who
@@ -156,20 +172,22 @@ def create_app(cp: ControlPlane, auth: Auth) -> FastAPI:
                 "reason": reason}
 
     @app.get("/v1/health", response_model=Health)
-    def health() -> dict:
+    async def health() -> dict:
         return {"status": "ok", "version": plinth.__version__, "policy": cp.policy_name,
                 "nodes": len(cp.cluster.nodes), "gpus": cp.cluster.total_gpus,
                 "isolation": getattr(cp.runtime, "isolation", "none")}
 
     @app.post("/v1/jobs", response_model=Submitted, status_code=201)
-    def submit(spec: JobSpec, who: Who) -> dict:
+    async def submit(spec: JobSpec, who: Who) -> dict:
         tenant = spec.tenant or who.tenant
         if tenant != who.tenant and not who.admin:
             raise HTTPException(403, f"a token of tenant {who.tenant!r} cannot submit for "
                                      f"tenant {tenant!r}")
         if tenant not in cp.tenant_names:
             raise SpecError(f"tenant: unknown tenant {tenant!r}")
-        return {"id": cp.submit(spec, tenant), "state": State.PENDING.value}
+        spec, row, now = cp.admit(spec, tenant)
+        job_id = await asyncio.wrap_future(cp.writer.insert(row, now))  # group commit
+        return {"id": cp.accepted(job_id, spec, now), "state": State.PENDING.value}
 
     @app.get("/v1/jobs", response_model=list[JobSummary])
     def list_jobs(who: Who, all: bool = False, tenant: str | None = None,  # noqa: A002
@@ -181,19 +199,19 @@ def create_app(cp: ControlPlane, auth: Auth) -> FastAPI:
         return [summary(r) for r in cp.store.jobs(tenant=scope, states=states, limit=limit)]
 
     @app.get("/v1/jobs/{job_id}", response_model=JobDetail)
-    def show(job_id: int, who: Who) -> dict:
+    def show(job_id: JobId, who: Who) -> dict:
         row = visible(job_id, who)
         return {**summary(row), "spec": row["spec"], "allocation": row["allocation"],
                 "events": [{"time": e["time"], "kind": e["kind"], "message": e["message"]}
                            for e in cp.store.events(job_id)]}
 
     @app.post("/v1/jobs/{job_id}/cancel", response_model=Submitted)
-    def cancel(job_id: int, who: Who) -> dict:
+    def cancel(job_id: JobId, who: Who) -> dict:
         visible(job_id, who)
         return {"id": job_id, "state": cp.cancel(job_id)}
 
     @app.get("/v1/jobs/{job_id}/logs", response_model=LogChunk)
-    def logs(job_id: int, who: Who, offset: Annotated[int, Query(ge=0)] = 0) -> dict:
+    def logs(job_id: JobId, who: Who, offset: Annotated[int, Query(ge=0, le=MAX_ID)] = 0) -> dict:
         row = visible(job_id, who)
         path = cp.log_path(job_id)
         data = b""
@@ -206,7 +224,7 @@ def create_app(cp: ControlPlane, auth: Auth) -> FastAPI:
                 "done": done}
 
     @app.get("/v1/nodes", response_model=list[NodeInfo])
-    def nodes(_: Who) -> list[dict]:
+    async def nodes(_: Who) -> list[dict]:
         return cp.node_usage()
 
     @app.get("/v1/tenants", response_model=list[TenantOut])

@@ -18,6 +18,7 @@ import os
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,9 +27,9 @@ from sortedcontainers import SortedKeyList
 
 from plinth.control.lifecycle import State, StopReason, after_stop
 from plinth.control.spec import JobSpec
-from plinth.control.store import Event, Store
+from plinth.control.store import Event, GroupCommit, Store
 from plinth.core.errors import PlinthError, SpecError, UnplaceableError
-from plinth.core.resources import Allocation, Cluster, TenantQuota, WorkerSlot
+from plinth.core.resources import Allocation, Cluster, Request, TenantQuota, WorkerSlot
 from plinth.core.workload import Job
 from plinth.runtime.base import EventKind, Handle, LaunchSpec, Runtime, RuntimeEvent, WorkerLaunch
 from plinth.sched.placement import never_fits
@@ -43,6 +44,11 @@ log = logging.getLogger("plinth.control")
 PLATFORM_POLICIES = ("fifo", "sjf", "priority", "drf", "tiresias")
 # A job without max_runtime is planned as if it ran this long (backfill needs an estimate).
 DEFAULT_ESTIMATE_S = 24 * 3600.0
+# Passes are spaced by at least this, or by twice as long as the last pass took, so that under a
+# burst of submissions the scheduler takes at most about a third of the process's time and each
+# pass sees a batch of new jobs (Slurm's sched_min_interval plays the same role). An idle
+# cluster is not delayed: the first pass after a quiet spell runs at once.
+MIN_PASS_INTERVAL_S = 0.005
 
 
 class NotFound(PlinthError):
@@ -103,6 +109,9 @@ class ControlPlane:
         self._wake_at: float | None = None
         self._dirty = True
         self.passes = 0
+        self._incoming: deque[Record] = deque()  # submitted, not yet seen by the loop
+        self.writer = GroupCommit(store)
+        self._next_pass = 0.0  # monotonic time before which no pass starts
         self._rebuild()
         self.state = ClusterState(self.cluster)
         self.pending: SortedKeyList = SortedKeyList(key=self.policy.order)
@@ -116,6 +125,7 @@ class ControlPlane:
                        for r in rows)
         with_quota = any(r["gpus"] is not None for r in rows)
         self.tenant_names = frozenset(r["name"] for r in rows)
+        self._never_fits: dict[Request, str | None] = {}  # the nodes are fixed: memoised
         self.cluster = Cluster(tuple(self.nodes), name="local",
                                tenants=quotas if with_quota else ())
         opts: dict = {}
@@ -143,6 +153,7 @@ class ControlPlane:
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
+        self.writer.close()
         self.runtime.close()
 
     def recover(self) -> None:
@@ -189,27 +200,42 @@ class ControlPlane:
     # --- API-facing operations ----------------------------------------------------------------
 
     def submit(self, spec: JobSpec, tenant: str) -> int:
+        """Accept a job: check it, store it, queue it. Returns its id."""
+        spec, row, now = self.admit(spec, tenant)
+        return self.accepted(self.store.insert_job(row, now), spec, now)
+
+    def admit(self, spec: JobSpec, tenant: str) -> tuple[JobSpec, dict, float]:
+        """Check a submission; return the spec as stored, its store row, and the submit time.
+        A job that can never fit the cluster is rejected here, with the reason."""
         req = spec.request()
-        why = never_fits(self.cluster, req)
+        why = self._never_fits.get(req, "")
+        if why == "":
+            why = self._never_fits[req] = never_fits(self.cluster, req)
         if why is not None:
             raise UnplaceableError(f"job {spec.name!r} can never run here: {why} "
                                    f"(cluster: {self.cluster.describe()})")
-        now = self.clock()
         spec = spec.model_copy(update={"tenant": tenant})
-        job_id = self.store.insert_job(
-            {"name": spec.name, "tenant": tenant, "priority": spec.priority,
-             "spec": spec.model_dump(mode="json"), "reason": "queued"}, now)
-        rec = self._record(job_id, spec, tenant, now)
-        with self._lock:
-            self.active[job_id] = rec
-            self.pending.add(rec.js)
-            self.reasons[job_id] = "queued: waiting for the next scheduling pass"
-            self._poke()
+        row = {"name": spec.name, "tenant": tenant, "priority": spec.priority,
+               "spec": spec.model_dump(mode="json"), "reason": "queued"}
+        return spec, row, self.clock()
+
+    def accepted(self, job_id: int, spec: JobSpec, now: float) -> int:
+        """Queue a job the store now holds. It is handed to the loop without taking `_lock`, so
+        a submission never waits for a scheduling pass."""
+        self._incoming.append(self._record(job_id, spec, spec.tenant or "default", now))
+        self._poke()
         return job_id
+
+    def _take_incoming(self) -> None:
+        while self._incoming:
+            rec = self._incoming.popleft()
+            self.active[rec.id] = rec
+            self.pending.add(rec.js)
 
     def cancel(self, job_id: int) -> str:
         """Cancel a job; returns its state afterwards."""
         with self._lock:
+            self._take_incoming()
             rec = self.active.get(job_id)
             if rec is None:
                 row = self.store.job(job_id)
@@ -228,8 +254,7 @@ class ControlPlane:
             return rec.state.value
 
     def reason(self, job_id: int) -> str | None:
-        with self._lock:
-            return self.reasons.get(job_id)
+        return self.reasons.get(job_id, "queued: waiting for the next scheduling pass")
 
     def log_path(self, job_id: int) -> Path:
         return self.home / "logs" / f"{job_id}.log"
@@ -294,9 +319,20 @@ class ControlPlane:
                 if (rec.state is State.RUNNING and limit and rec.js.start_time is not None
                         and now - rec.js.start_time >= limit):
                     self._stop(rec, StopReason.TIMEOUT, now, f"time limit of {limit:g} s reached")
-            if self._dirty or (self._wake_at is not None and now >= self._wake_at):
-                self._dirty = False
-                self._pass(now)
+            self._take_incoming()
+            due = self._wake_at is not None and now >= self._wake_at
+            if not (self._dirty or due):
+                return
+            wait = self._next_pass - time.monotonic()
+            if wait > 0:  # too soon after the last pass: come back when it is time
+                self._wake_at = now + wait if self._wake_at is None else min(self._wake_at,
+                                                                               now + wait)
+                return
+            self._dirty = False
+            t0 = time.monotonic()
+            self._pass(now)
+            took = time.monotonic() - t0
+            self._next_pass = t0 + took + max(MIN_PASS_INTERVAL_S, 2 * took)
 
     def _pass(self, now: float) -> None:
         running = {}

@@ -1,0 +1,147 @@
+"""Control plane speed: job submissions per second through the REST API, and the time from a
+submission to the scheduler's launch decision on an idle cluster.
+
+    python bench/platform_submit.py [--jobs 3000] [--threads 4] [--latency-jobs 200] [--json F]
+
+A real `plinth up` process (SQLite store, fake GPUs) on 127.0.0.1. For throughput, a job holding
+every GPU runs first, so the submitted jobs queue (scheduling passes still run on the growing
+queue) instead of starting thousands of processes. Latency is measured from the store's own
+timestamps: the `submitted` event (written when the API accepts the job) to the `started` event
+(written when the scheduler decides to launch it), one job at a time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from plinth.cli.quickstart import free_port, start_server, stop_server  # noqa: E402
+from plinth.client import Client  # noqa: E402
+
+SPEC = {"name": "bench", "command": ["true"],
+        "resources": {"cpus": 0.01, "memory": "16Mi", "gpus": 1}}
+
+
+def throughput(url: str, token: str, jobs: int, threads: int) -> tuple[float, float]:
+    with Client(url, token) as c:
+        hog = c.submit({**SPEC, "name": "hog", "command": ["sleep", "3600"],
+                        "resources": {**SPEC["resources"], "gpus": 8}, "priority": 100,
+                        "preemptible": False})
+        while c.job(hog)["state"] != "running":
+            time.sleep(0.05)
+    per = jobs // threads
+    lat: list[float] = []
+    lock = threading.Lock()
+
+    # The load generator is deliberately lean (http.client on keep-alive connections, as wrk
+    # would be): it shares the machine's two cores with the server, and the server is measured.
+    host, port = url.removeprefix("http://").split(":")
+    body = json.dumps(SPEC).encode()
+    headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+
+    def worker() -> None:
+        mine = []
+        conn = http.client.HTTPConnection(host, int(port))
+        for _ in range(per):
+            t = time.perf_counter()
+            conn.request("POST", "/v1/jobs", body=body, headers=headers)
+            r = conn.getresponse()
+            r.read()
+            if r.status != 201:
+                raise RuntimeError(f"submission failed: HTTP {r.status}")
+            mine.append(time.perf_counter() - t)
+        conn.close()
+        with lock:
+            lat.extend(mine)
+
+    ts = [threading.Thread(target=worker) for _ in range(threads)]
+    t0 = time.perf_counter()
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    wall = time.perf_counter() - t0
+    with Client(url, token) as c:
+        pending = [j for j in c.jobs(limit=10000) if j["state"] == "pending"]
+        assert len(pending) == per * threads, "lost submissions"
+    return per * threads / wall, float(np.percentile(lat, 99)) * 1000
+
+
+def decision_latency(url: str, token: str, n: int) -> np.ndarray:
+    out = []
+    with Client(url, token) as c:
+        for _ in range(n):
+            j = c.submit(SPEC)
+            while True:
+                d = c.job(j)
+                if d["state"] in ("succeeded", "failed"):
+                    break
+                time.sleep(0.005)
+            ev = {e["kind"]: e["time"] for e in d["events"]}
+            out.append(ev["started"] - ev["submitted"])
+    return np.array(out) * 1000
+
+
+def kill_jobs(home: Path) -> None:
+    """Jobs outlive the control plane by design; the benchmark's own must not outlive it."""
+    import psutil
+
+    for p in psutil.process_iter(["environ"]):
+        if str(home) in (p.info.get("environ") or {}).get("PLINTH_CHECKPOINT_DIR", ""):
+            p.kill()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--jobs", type=int, default=3000)
+    ap.add_argument("--threads", type=int, default=4)
+    ap.add_argument("--latency-jobs", type=int, default=200)
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    home = Path(tempfile.mkdtemp(prefix="plinth-bench-")) / "home"
+    results = {}
+    port = free_port()
+    proc = start_server(home, port, "--fake-gpus", "8xA100", "--min-runtime", "0", "--grace", "1")
+    url, token = f"http://127.0.0.1:{port}", (home / "token").read_text().strip()
+    try:
+        lat = decision_latency(url, token, args.latency_jobs)
+        rate, p99_submit = throughput(url, token, args.jobs, args.threads)
+    finally:
+        stop_server(proc)
+        kill_jobs(home)
+    results = {"submissions_per_s": rate, "submit_call_p99_ms": p99_submit,
+               "decision_p50_ms": float(np.percentile(lat, 50)),
+               "decision_p99_ms": float(np.percentile(lat, 99)),
+               "decision_max_ms": float(lat.max()), "decision_mean_ms": statistics.fmean(lat),
+               "jobs": args.jobs, "threads": args.threads, "latency_jobs": args.latency_jobs}
+    t = Table(title="Plinth control plane (SQLite, one process, loopback HTTP)")
+    t.add_column("metric")
+    t.add_column("value", justify="right")
+    t.add_column("target", justify="right")
+    t.add_row(f"submissions/s ({args.jobs} jobs, {args.threads} client threads)",
+              f"{rate:.0f}", ">= 500 (Slurm)")
+    t.add_row("submit call p99 (ms)", f"{p99_submit:.1f}", "")
+    t.add_row(f"submit-to-launch-decision p50 (ms, {args.latency_jobs} jobs)",
+              f"{results['decision_p50_ms']:.1f}", "")
+    t.add_row("submit-to-launch-decision p99 (ms)", f"{results['decision_p99_ms']:.1f}", "< 100")
+    t.add_row("submit-to-launch-decision max (ms)", f"{results['decision_max_ms']:.1f}", "")
+    Console().print(t)
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()
