@@ -468,3 +468,18 @@ def test_big_queue_pass_completes() -> None:
     assert sum(held.values()) <= 512 and d.starts
     assert len(d.waiting) <= 5 * snap.config.backfill_depth
     print(f"drf pass over 20k pending: {elapsed * 1000:.1f} ms, {len(d.starts)} starts")
+
+
+def test_a_job_is_not_blocked_by_its_own_quota_hold() -> None:
+    """A tenant at its nominal quota whose next job must borrow holds its quota for that job;
+    the hold must not then stop that very job from preempting a lower-priority job of its own
+    tenant (found by the control plane's end-to-end preemption test)."""
+    cluster = make_cluster(nodes=1, gpus=4)
+    policy = FairShare(preempt_within_tenant=True)
+    low = job("a", gpus=4, priority=0)
+    high = job("a", gpus=1, priority=10, duration=7200.0)  # ends after the hold is due
+    snap = snapshot(cluster, policy, [high], running=[(low, 0.0)],
+                    cfg=SchedConfig(min_runtime=0.0))
+    d = policy.schedule(snap, NOW)
+    assert [p.job_id for p in d.preempts] == [low.id]
+    assert [s.job_id for s in d.starts] == [high.id]

@@ -237,7 +237,7 @@ class _Pass:
         t = self.book.tenant(js.job.tenant)
         req = js.job.request
         hold = self.holds.get(t.name)
-        if (hold is not None and req.gpu_milli_total
+        if (hold is not None and hold[0] != js.id and req.gpu_milli_total
                 and self.now + js.remaining_estimate > hold[1]):
             self.d.waiting[js.id] = (f"Quota: would delay job {hold[0]} of {t.name}, first in "
                                      f"line for its quota from t={hold[1]:.0f}s")
