@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 run: $(STAMP)
-	$(BIN)/plinth demo --out results/demo
+	$(BIN)/plinth quickstart
 
 test: $(STAMP)
 	$(BIN)/pytest -q -n 2

@@ -96,11 +96,25 @@ class Platform:
         return Client(self.url, token or self.token)
 
 
+    def kill_jobs(self) -> None:
+        """Jobs outlive the control plane by design; a test's jobs must not outlive the test."""
+        import psutil
+
+        for proc in psutil.process_iter(["environ"]):
+            env = proc.info.get("environ") or {}
+            if env.get("PLINTH_CHECKPOINT_DIR", "").startswith(str(self.home)):
+                try:
+                    proc.kill()
+                except psutil.Error:
+                    pass
+
+
 @pytest.fixture
 def platform(tmp_path) -> Iterator[Platform]:
     p = Platform(tmp_path / "home").start()
     yield p
     p.stop()
+    p.kill_jobs()
 
 
 @pytest.fixture(scope="module")
@@ -108,6 +122,7 @@ def shared_platform(tmp_path_factory) -> Iterator[Platform]:
     p = Platform(tmp_path_factory.mktemp("plinth") / "home").start()
     yield p
     p.stop()
+    p.kill_jobs()
 
 
 @pytest.fixture

@@ -50,11 +50,14 @@ def test_sigkill_restart_readopts_and_keeps_the_queue(platform, wait_for, tmp_pa
         assert "queued-ran" in c.logs(queued)
 
 
-def _job_processes(job_id: int) -> list[psutil.Process]:
+def _job_processes(home, job_id: int) -> list[psutil.Process]:
+    """This platform's processes for the job: other test runs on the machine have jobs with
+    the same small ids, so the platform's home (in the checkpoint path) must match too."""
     found = []
     for p in psutil.process_iter(["environ"]):
         env = p.info.get("environ") or {}
-        if env.get("PLINTH_JOB_ID") == str(job_id):
+        if (env.get("PLINTH_JOB_ID") == str(job_id)
+                and env.get("PLINTH_CHECKPOINT_DIR", "").startswith(str(home))):
             found.append(p)
     return found
 
@@ -63,7 +66,7 @@ def test_job_lost_while_down_is_requeued(platform, wait_for) -> None:
     with platform.client() as c:
         j = c.submit(spec("sleep 60", name="victim"))
         wait_for(lambda: c.job(j)["state"] == "running", what="running")
-        procs = wait_for(lambda: _job_processes(j), what="the job's processes")
+        procs = wait_for(lambda: _job_processes(platform.home, j), what="the job's processes")
     platform.stop(signal.SIGKILL)
     for p in procs:  # the node "crashes" under the job too: no exit code is left behind
         try:

@@ -29,6 +29,11 @@ retries: 2
                                      memory_mib=8192, workers=2, gpu_models=("A100",))
 
 
+def test_yaml_scalars_in_a_command_are_arguments() -> None:
+    spec = parse_job_spec("name: t\ncommand: [python, x.py, --steps, 10, --lr, 0.5, --x, true]\n")
+    assert spec.command == ["python", "x.py", "--steps", "10", "--lr", "0.5", "--x", "true"]
+
+
 def test_whole_gpu_fraction_is_a_whole_gpu() -> None:
     spec = job_spec_from_dict({**BASE, "resources": {"gpu_fraction": 1.0}})
     assert spec.request().gpus == 1 and spec.request().gpu_milli == 0

@@ -70,7 +70,7 @@ def quickstart(
     examples: Annotated[Path, typer.Option(help="Folder with the example job specs.")]
     = Path("examples/jobs"),
     fake_gpus: Annotated[str | None, typer.Option(help="Virtual GPUs where NVML finds none.")]
-    = "2xA100",
+    = "4xA100",
     timeout: Annotated[float, typer.Option(help="Give up after this many seconds.")] = 600.0,
 ) -> None:
     """Start the platform, submit the bundled examples, and watch them run and finish."""
@@ -78,7 +78,7 @@ def quickstart(
 
     shutil.rmtree(home, ignore_errors=True)
     home.mkdir(parents=True)
-    extra = [] if discover_gpus() else ["--fake-gpus", fake_gpus or "2xA100"]
+    extra = [] if discover_gpus() else ["--fake-gpus", fake_gpus or "4xA100"]
     port = free_port()
     console.print(f"starting the control plane: plinth up --home {home} --port {port} "
                   f"{' '.join(extra)}", highlight=False)
@@ -105,9 +105,11 @@ def quickstart(
                     if time.monotonic() > deadline:
                         raise PlinthError(f"examples still running after {timeout:g} s")
                     time.sleep(0.5)
+            console.print()
             console.print(nodes_table(c.nodes()))
             for j in jobs:
-                tail = [ln for ln in c.logs(j["id"]).splitlines() if ln.strip()][-2:]
+                tail = [ln for ln in c.logs(j["id"]).splitlines()
+                        if ln.strip() and not ln.startswith("=== plinth")][-2:]
                 console.print(f"[bold]job {j['id']} {j['name']}[/] {j['state']}: "
                               + " | ".join(tail), highlight=False)
                 failed |= j["state"] != State.SUCCEEDED.value

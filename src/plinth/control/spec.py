@@ -36,6 +36,8 @@ from plinth.core.spec import parse_memory, parse_yaml, read_yaml, validation_mes
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d)?\s*$")
 _SECONDS = {None: 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+# Bounds far beyond any machine, so that absurd numbers are rejected by name, not overflowed.
+MAX_CPUS, MAX_GPUS, MAX_MIB, MAX_RUNTIME_S = 65536, 1024, 2**40, 10 * 365 * 86400
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 
 
@@ -62,11 +64,11 @@ class Resources(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    cpus: float = Field(1.0, ge=0)
-    memory: int = 4096  # MiB
-    gpus: int = Field(0, ge=0)
+    cpus: float = Field(1.0, ge=0, le=MAX_CPUS)
+    memory: int = Field(4096, ge=0, le=MAX_MIB)  # MiB
+    gpus: int = Field(0, ge=0, le=MAX_GPUS)
     gpu_fraction: float | None = Field(None, gt=0, le=1)
-    gpu_memory: int | None = None  # MiB
+    gpu_memory: int | None = Field(None, ge=0, le=MAX_MIB)  # MiB
     gpu_model: list[str] = Field(default_factory=list)
 
     @field_validator("memory", "gpu_memory", mode="before")
@@ -103,9 +105,9 @@ class JobSpec(BaseModel):
     workdir: str | None = None
     resources: Resources = Field(default_factory=Resources)
     workers: int = Field(1, ge=1, le=1024)
-    priority: int = 0
+    priority: int = Field(0, ge=-(2**31), le=2**31 - 1)
     preemptible: bool = True
-    max_runtime: float | None = None  # seconds
+    max_runtime: float | None = Field(None, gt=0, le=MAX_RUNTIME_S)  # seconds
     retries: int = Field(0, ge=0, le=100)
     checkpoint_dir: str | None = None
 
@@ -124,6 +126,9 @@ class JobSpec(BaseModel):
             if not v.strip():
                 raise ValueError("must not be empty")
             return ["/bin/sh", "-c", v]
+        if isinstance(v, list):  # YAML reads `[python, x.py, --steps, 10]` with an int in it
+            return [str(x).lower() if isinstance(x, bool) else
+                    str(x) if isinstance(x, (int, float)) else x for x in v]
         return v
 
     @field_validator("env", mode="before")

@@ -1,0 +1,482 @@
+"""The local runtime: a job's workers are processes on this machine.
+
+Each worker is started as a shim (plinth/runtime/shim.py) in its own session, so that it and
+everything it starts form one process group that can be signalled as a whole. The shim runs the
+command, relays SIGTERM to its group, and leaves the exit code in a file, so that a control plane
+restarted after a crash can still learn how a worker it did not start ended.
+
+One watcher thread serves the whole runtime. Every 50 ms it reaps the runtime's own children
+(os.waitid) and checks adopted workers (psutil, pid plus start time), turns finished attempts
+into events, enforces gang semantics (one worker fails, the others are stopped) and sends SIGKILL
+when a stop's grace period runs out, so that no caller ever sleeps.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+from plinth.core.errors import PlinthError
+from plinth.core.resources import MILLI, Node
+from plinth.runtime import shim
+from plinth.runtime.base import EventKind, Handle, LaunchSpec, ProcRef, RuntimeEvent, WorkerLaunch
+from plinth.runtime.gpu import GpuInfo, MpsManager, discover_gpus
+from plinth.runtime.gpu import fake_gpus as make_fake_gpus
+from plinth.runtime.limits import Limiter, WorkerLimits
+
+log = logging.getLogger(__name__)
+
+POLL_S = 0.05
+MIB = 2**20
+SHIM = str(Path(shim.__file__).resolve())
+START_TIME_TOLERANCE_S = 0.001
+# Inherited variables that would attach a worker to the wrong MPS daemon or mislabel it.
+_SCRUBBED_PREFIXES = ("CUDA_MPS_", "PLINTH_")
+
+
+@dataclass(slots=True)
+class _Worker:
+    rank: int
+    pid: int
+    start_time: float
+    exit_file: str
+    own: bool  # our child: reaped with waitpid; otherwise watched through `proc`
+    proc: psutil.Process | None = None
+    popen: subprocess.Popen | None = None
+    limits: WorkerLimits = field(default_factory=WorkerLimits)
+    mps_gpu: int | None = None
+    done: bool = False
+    code: int | None = None  # None once done: it vanished without an exit code
+    killed: bool = False  # we sent SIGKILL, so a missing exit file means 137, not lost
+
+
+@dataclass(slots=True)
+class _Attempt:
+    job_id: int
+    attempt: int
+    workers: list[_Worker]
+    ended: list[_Worker] = field(default_factory=list)  # in the order they were seen to end
+    kill_at: float | None = None  # monotonic time of the SIGKILL that ends a stop's grace
+    reason: str = ""
+
+
+class LocalRuntime:
+    """Runs jobs as processes on this machine; see plinth.runtime.base.Runtime for the contract."""
+
+    def __init__(self, home: Path, *, fake_gpus: str | None = None,
+                 notify: Callable[[], None] | None = None, node_name: str = "localhost",
+                 gang_grace_s: float = 10.0, cgroup_parent: Path | None = None) -> None:
+        self.home = Path(home)
+        (self.home / "exit").mkdir(parents=True, exist_ok=True)
+        self.node_name = node_name
+        self.gang_grace_s = gang_grace_s
+        self.gpus: list[GpuInfo] = make_fake_gpus(fake_gpus) if fake_gpus else discover_gpus()
+        self.fake_gpus = bool(fake_gpus)
+        self.mps = MpsManager(self.home, self.gpus, fake=self.fake_gpus)
+        self.mps_available = self.mps.available
+        self._limiter = Limiter(cgroup_parent=cgroup_parent)
+        self.isolation = self._limiter.mechanism  # "cgroup2" or "rlimit"
+        self.problems: list[str] = []  # errors met by the watcher, shown by describe()
+        self._notify = notify
+        self._attempts: dict[tuple[int, int], _Attempt] = {}
+        self._events: list[RuntimeEvent] = []
+        self._lock = threading.Lock()
+        self._closed = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="plinth-local-runtime",
+                                        daemon=True)
+        self._thread.start()
+
+    # ----------------------------------------------------------------- the protocol
+
+    def nodes(self) -> list[Node]:
+        cpus = len(os.sched_getaffinity(0)) or os.cpu_count() or 1
+        memory = psutil.virtual_memory().total // MIB
+        limit = _cgroup_memory_limit_mib()
+        if limit:
+            memory = min(memory, limit)
+        model = self.gpus[0].model if self.gpus else None
+        return [Node(self.node_name, cpus * MILLI, memory, model, len(self.gpus))]
+
+    def launch(self, spec: LaunchSpec) -> Handle:
+        key = (spec.job_id, spec.attempt)
+        self._check(spec)
+        with self._lock:
+            if key in self._attempts:
+                raise PlinthError(f"job {spec.job_id} attempt {spec.attempt}: already running")
+        for name, d in (("log_path", Path(spec.log_path).parent),
+                        ("checkpoint_dir", spec.checkpoint_dir and Path(spec.checkpoint_dir))):
+            try:
+                if d:
+                    d.mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                raise PlinthError(f"job {spec.job_id} attempt {spec.attempt}: {name}: "
+                                  f"cannot create {d}: {e.strerror}") from None
+        port = _free_port()
+        ordered = sorted(spec.workers, key=lambda w: w.rank)
+        started: list[_Worker] = []
+        try:
+            for local_rank, w in enumerate(ordered):
+                started.append(self._start(spec, w, local_rank, port))
+        except (OSError, PlinthError, subprocess.SubprocessError) as e:
+            for wk in started:  # all or nothing
+                _killpg(wk.pid, signal.SIGKILL)
+                os.waitpid(wk.pid, 0)
+                wk.popen.returncode = -signal.SIGKILL  # type: ignore[union-attr]
+                self._release(spec.job_id, spec.attempt, wk)
+            rank = ordered[len(started)].rank
+            raise PlinthError(f"job {spec.job_id} attempt {spec.attempt}: worker rank {rank} "
+                              f"did not start: {e}") from None
+        with self._lock:
+            self._attempts[key] = _Attempt(spec.job_id, spec.attempt, started)
+        return Handle(spec.job_id, spec.attempt,
+                      tuple(ProcRef(w.pid, w.start_time, w.exit_file) for w in started))
+
+    def stop(self, job_id: int, attempt: int, grace_s: float) -> None:
+        with self._lock:
+            att = self._attempts.get((job_id, attempt))
+            if att is not None:  # an attempt that already ended has nothing left to stop
+                self._stop(att, grace_s, f"stopped (SIGTERM, SIGKILL after {grace_s:g}s)")
+
+    def adopt(self, handle: Handle) -> bool:
+        key = (handle.job_id, handle.attempt)
+        with self._lock:
+            if key in self._attempts:
+                return True
+        workers = [self._adopt_worker(rank, ref) for rank, ref in enumerate(handle.procs)]
+        att = _Attempt(handle.job_id, handle.attempt, workers)
+        att.ended = [w for w in workers if w.done]
+        if all(w.done for w in workers):
+            self._emit([self._final(att)])
+            return False
+        for w in workers:
+            if not w.done:
+                self._reattach(handle.job_id, handle.attempt, w)
+        with self._lock:
+            self._attempts[key] = att
+            failed = next((w for w in att.ended if w.code != 0), None)
+            if failed is not None:  # gang semantics hold across a restart too
+                what = "vanished" if failed.code is None else f"exited with {failed.code}"
+                self._stop(att, self.gang_grace_s,
+                           f"rank {failed.rank} {what}; the other workers were stopped")
+        return True
+
+    def poll(self) -> list[RuntimeEvent]:
+        with self._lock:
+            events, self._events = self._events, []
+        return events
+
+    def close(self) -> None:
+        self._closed.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join()
+        self.mps.close()
+
+    # ----------------------------------------------------------------- extras
+
+    def describe(self) -> str:
+        """One paragraph for `plinth nodes` and the startup banner."""
+        n = self.nodes()[0]
+        if self.gpus:
+            gpus = f"{len(self.gpus)}x{self.gpus[0].model}" + (" (fake)" if self.fake_gpus else "")
+            odd = [g.name for g in self.gpus if not g.exact]
+            if odd:
+                gpus += f"; {odd[0]!r} is not in the catalog, scheduled as {self.gpus[0].model}"
+        else:
+            gpus = "no GPUs"
+        iso = self.isolation + (f" ({self._limiter.reason})" if self._limiter.reason else "")
+        lines = [f"{self.node_name}: {n.cpus_milli // MILLI} CPUs, {n.memory_mib} MiB, {gpus}",
+                 f"isolation: {iso}", f"MPS: {self.mps.reason}"]
+        return "\n".join(lines + self.problems + self._limiter.problems + self.mps.problems)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed.is_set()
+
+    def running(self) -> list[tuple[int, int]]:
+        """(job_id, attempt) of every attempt still watched."""
+        with self._lock:
+            return sorted(self._attempts)
+
+    # ----------------------------------------------------------------- launching
+
+    def _check(self, spec: LaunchSpec) -> None:
+        where = f"job {spec.job_id} attempt {spec.attempt}"
+        if self._closed.is_set():
+            raise PlinthError(f"{where}: the runtime is closed")
+        if not spec.command:
+            raise PlinthError(f"{where}: command is empty")
+        if not spec.workers:
+            raise PlinthError(f"{where}: workers is empty")
+        ranks = sorted(w.rank for w in spec.workers)
+        if ranks != list(range(len(ranks))):
+            raise PlinthError(f"{where}: workers: ranks must be 0..{len(ranks) - 1}, got {ranks}")
+        for w in spec.workers:
+            at = f"{where}: workers[{w.rank}]"
+            if w.node != self.node_name:
+                raise PlinthError(f"{at}.node: {w.node!r} is not this node ({self.node_name!r})")
+            bad = [g for g in w.gpus if not 0 <= g < len(self.gpus)]
+            if bad:
+                raise PlinthError(f"{at}.gpus: no GPU {bad[0]} here ({len(self.gpus)} GPUs)")
+            if not 0 < w.gpu_milli <= MILLI:
+                raise PlinthError(f"{at}.gpu_milli: must be in 1..1000, got {w.gpu_milli}")
+            if w.gpu_milli < MILLI and len(w.gpus) != 1:
+                raise PlinthError(f"{at}.gpus: a fractional share (gpu_milli={w.gpu_milli}) "
+                                  f"needs exactly one GPU, got {list(w.gpus)}")
+        exe = spec.command[0]
+        path = (spec.env.get("PATH") or os.environ.get("PATH", os.defpath))
+        if "/" in exe:
+            found = os.access(Path(spec.workdir or ".") / exe, os.X_OK)
+        else:
+            found = shutil.which(exe, path=path) is not None
+        if not found:
+            raise PlinthError(f"{where}: command[0]: {exe!r} is not an executable"
+                              + ("" if "/" in exe else " on PATH"))
+        if spec.workdir and not Path(spec.workdir).is_dir():
+            raise PlinthError(f"{where}: workdir: {spec.workdir!r} is not a directory")
+
+    def _start(self, spec: LaunchSpec, w: WorkerLaunch, local_rank: int, port: int) -> _Worker:
+        name = f"j{spec.job_id}-a{spec.attempt}-r{w.rank}"
+        exit_file = self.home / "exit" / f"{name}.exit"
+        exit_file.unlink(missing_ok=True)  # a stale file would be read as this attempt's end
+        env = {k: v for k, v in os.environ.items() if not k.startswith(_SCRUBBED_PREFIXES)}
+        env["PYTHONUNBUFFERED"] = "1"  # so that `plinth logs -f` shows lines as they come
+        env.update(spec.env)
+        n = len(spec.workers)
+        env.update({
+            "CUDA_VISIBLE_DEVICES": ",".join(map(str, w.gpus)),
+            "PLINTH_JOB_ID": str(spec.job_id), "PLINTH_ATTEMPT": str(spec.attempt),
+            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+            "RANK": str(w.rank), "WORLD_SIZE": str(n),
+            "LOCAL_RANK": str(local_rank), "LOCAL_WORLD_SIZE": str(n),
+        })
+        if spec.checkpoint_dir:
+            env["PLINTH_CHECKPOINT_DIR"] = spec.checkpoint_dir
+        wk = _Worker(w.rank, 0, 0.0, str(exit_file), own=True)
+        try:
+            if w.gpus and w.gpu_milli < MILLI:
+                gpu = w.gpus[0]
+                env.update(self.mps.acquire(gpu, (spec.job_id, spec.attempt, w.rank),
+                                            w.gpu_milli, w.gpu_memory_mib))
+                env["CUDA_VISIBLE_DEVICES"] = self.mps.visible_device(gpu)
+                wk.mps_gpu = gpu
+            wk.limits = self._limiter.prepare(name, cpus_milli=w.cpus_milli,
+                                              memory_mib=w.memory_mib)
+            argv = [sys.executable, "-I", SHIM, *wk.limits.shim_args(), str(exit_file), "--",
+                    *spec.command]
+            # The shim starts with SIGTERM and SIGINT blocked (a mask survives fork and exec)
+            # and unblocks them once its handler is in place: a stop that comes while Python is
+            # still starting up then waits for the handler instead of killing the shim before
+            # it can write an exit code.
+            old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, shim.RELAYED)
+            try:
+                with open(spec.log_path, "ab") as out:
+                    wk.popen = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out,
+                                                stderr=subprocess.STDOUT, env=env,
+                                                cwd=spec.workdir, start_new_session=True)
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+        except BaseException:
+            self._release(spec.job_id, spec.attempt, wk)
+            raise
+        wk.pid = wk.popen.pid
+        # Not reaped yet, so even a command that already ended still has its /proc entry.
+        wk.start_time = psutil.Process(wk.pid).create_time()
+        return wk
+
+    # ----------------------------------------------------------------- adoption
+
+    def _adopt_worker(self, rank: int, ref: ProcRef) -> _Worker:
+        wk = _Worker(rank, ref.pid, ref.start_time, ref.exit_file, own=False)
+        try:
+            p = psutil.Process(ref.pid)
+            if abs(p.create_time() - ref.start_time) <= START_TIME_TOLERANCE_S:
+                wk.proc = p
+                # Launched by an earlier runtime in this same process (tests, a restarted
+                # control loop): it is still our child and must be reaped by us.
+                wk.own = p.ppid() == os.getpid()
+                if not wk.own and p.status() == psutil.STATUS_ZOMBIE:
+                    wk.proc = None
+        except psutil.NoSuchProcess:
+            pass
+        if wk.proc is None:  # gone, or the pid now belongs to another process
+            wk.done, wk.code = True, _read_exit(wk.exit_file)
+        return wk
+
+    def _reattach(self, job_id: int, attempt: int, wk: _Worker) -> None:
+        """Count the MPS daemon and CPUs a re-adopted worker holds, to release them at its end."""
+        wk.limits = self._limiter.adopt(wk.pid)
+        try:
+            pipe = wk.proc.environ().get("CUDA_MPS_PIPE_DIRECTORY")  # type: ignore[union-attr]
+        except psutil.Error:
+            return
+        gpu = self.mps.gpu_of_pipe(pipe) if pipe else None
+        if gpu is not None:
+            self.mps.attach(gpu, (job_id, attempt, wk.rank))
+            wk.mps_gpu = gpu
+
+    # ----------------------------------------------------------------- watching
+
+    def _watch(self) -> None:
+        while not self._closed.wait(POLL_S):
+            try:
+                self._tick()
+            except Exception as e:  # the watcher must outlive one bad tick; the error is shown
+                log.exception("local runtime watcher")
+                self._problem(f"watcher error: {e!r}")
+
+    def _problem(self, msg: str) -> None:
+        if msg not in self.problems[-1:]:  # a fault that repeats every tick is shown once
+            self.problems[:] = [*self.problems[-19:], msg]
+
+    def _tick(self) -> None:
+        events, finished = [], []
+        with self._lock:
+            now = time.monotonic()
+            for key, att in list(self._attempts.items()):
+                for wk in att.workers:
+                    if not wk.done and _ended(wk):
+                        att.ended.append(wk)
+                        finished.append((att.job_id, att.attempt, wk))
+                        others = any(not o.done for o in att.workers)
+                        if wk.code != 0 and others and not att.reason:
+                            what = "vanished" if wk.code is None else f"exited with {wk.code}"
+                            self._stop(att, self.gang_grace_s,
+                                       f"rank {wk.rank} {what}; the other workers were stopped")
+                if att.kill_at is not None and now >= att.kill_at:
+                    att.kill_at = None
+                    for wk in att.workers:
+                        if not wk.done and _signal(wk, signal.SIGKILL):
+                            wk.killed = True
+                if all(wk.done for wk in att.workers):
+                    del self._attempts[key]
+                    events.append(self._final(att))
+        for job_id, attempt, wk in finished:  # may run `nvidia-cuda-mps-control`: not under lock
+            self._release(job_id, attempt, wk)
+        self._emit(events)
+
+    def _stop(self, att: _Attempt, grace_s: float, reason: str) -> None:
+        att.reason = att.reason or reason
+        sig = signal.SIGTERM if grace_s > 0 else signal.SIGKILL
+        for wk in att.workers:
+            # SIGTERM goes to the shim, which relays it to the group once; SIGKILL goes to the
+            # whole group, since a killed shim relays nothing.
+            if not wk.done and _signal(wk, sig) and sig == signal.SIGKILL:
+                wk.killed = True
+        deadline = time.monotonic() + grace_s
+        if sig == signal.SIGTERM and (att.kill_at is None or deadline < att.kill_at):
+            att.kill_at = deadline
+
+    def _final(self, att: _Attempt) -> RuntimeEvent:
+        lost = [w.rank for w in att.ended if w.code is None]
+        if lost:
+            return RuntimeEvent(att.job_id, att.attempt, EventKind.LOST, None,
+                                f"rank {lost[0]} ended without leaving an exit code")
+        code = next((w.code for w in att.ended if w.code), 0)
+        return RuntimeEvent(att.job_id, att.attempt, EventKind.EXITED, code, att.reason)
+
+    def _release(self, job_id: int, attempt: int, wk: _Worker) -> None:
+        self._limiter.release(wk.limits)
+        if wk.mps_gpu is not None:
+            self.mps.release(wk.mps_gpu, (job_id, attempt, wk.rank))
+
+    def _emit(self, events: list[RuntimeEvent]) -> None:
+        if not events:
+            return
+        with self._lock:
+            self._events.extend(events)
+        if self._notify is not None:
+            self._notify()
+
+
+def _ended(wk: _Worker) -> bool:
+    """True (and `wk.code` set) once the worker's shim has ended."""
+    if wk.own:
+        try:
+            if os.waitid(os.P_PID, wk.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
+                return False
+        except ChildProcessError:  # reaped by someone else: only the exit file can tell
+            wk.done, wk.code = True, _read_exit(wk.exit_file, 137 if wk.killed else None)
+            return True
+        # The zombie still holds the group id, so this cannot hit a reused one: it sweeps away
+        # whatever the command left running.
+        _killpg(wk.pid, signal.SIGKILL)
+        _, status = os.waitpid(wk.pid, 0)
+        rc = os.waitstatus_to_exitcode(status)
+        if wk.popen is not None:
+            wk.popen.returncode = rc  # so that subprocess never waits on this pid again
+        wk.done, wk.code = True, _read_exit(wk.exit_file, 128 - rc if rc < 0 else rc)
+        return True
+    assert wk.proc is not None
+    try:
+        if wk.proc.is_running() and wk.proc.status() != psutil.STATUS_ZOMBIE:
+            return False
+    except psutil.NoSuchProcess:
+        pass
+    wk.done, wk.code = True, _read_exit(wk.exit_file, 137 if wk.killed else None)
+    return True
+
+
+def _signal(wk: _Worker, sig: int) -> bool:
+    """SIGTERM to the worker's shim, SIGKILL to its whole group; False if it is already gone."""
+    if not wk.own and (wk.proc is None or not wk.proc.is_running()):
+        return False  # its pid may have been reused: never signal what we cannot identify
+    try:
+        if sig == signal.SIGKILL:
+            os.killpg(wk.pid, sig)
+        else:
+            os.kill(wk.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
+def _killpg(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _read_exit(path: str, default: int | None = None) -> int | None:
+    try:
+        return int(Path(path).read_text().strip())
+    except (OSError, ValueError):
+        return default
+
+
+def _free_port() -> int:
+    """A port free now on loopback, for torch.distributed's rendezvous (MASTER_PORT)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _cgroup_memory_limit_mib() -> int:
+    """The memory limit of the cgroup this process runs in (a container's), 0 if none."""
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        hid, ctrls, path = line.split(":", 2)
+        if hid == "0":
+            f = Path("/sys/fs/cgroup") / path.lstrip("/") / "memory.max"
+        elif "memory" in ctrls.split(","):
+            f = Path("/sys/fs/cgroup/memory") / path.lstrip("/") / "memory.limit_in_bytes"
+        else:
+            continue
+        try:
+            text = f.read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit() and int(text) < 2**60:
+            return int(text) // MIB
+    return 0
