@@ -75,3 +75,22 @@ def test_tenant_commands(shared_platform) -> None:
     assert r.returncode == 2 and "admin" in r.stderr
     r = plinth(shared_platform, "tenant", "set", "Bad_Name")
     assert r.returncode == 2 and "tenant" in r.stderr
+
+
+def test_up_reports_bad_options_in_one_line(tmp_path) -> None:
+    import socket
+
+    def up(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "plinth.cli.main", "up", "--home",
+                               str(tmp_path / "home"), *args], capture_output=True, text=True,
+                              timeout=60)
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        r = up("--port", str(s.getsockname()[1]), "--fake-gpus", "2xA100")
+    assert r.returncode == 2 and "--port: cannot listen" in r.stderr
+    r = up("--port", "0", "--fake-gpus", "2xZ100")
+    assert r.returncode == 2 and "--fake-gpus" in r.stderr and "Z100" in r.stderr
+    r = up("--port", "0", "--fake-gpus", "2xA100", "--policy", "gavel")
+    assert r.returncode == 2 and "--policy" in r.stderr

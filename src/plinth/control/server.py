@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,7 +14,7 @@ from plinth.control.api import create_app
 from plinth.control.auth import Auth
 from plinth.control.service import ControlPlane
 from plinth.control.store import Store
-from plinth.core.errors import SpecError
+from plinth.core.errors import PlinthError, SpecError
 from plinth.sched.types import SchedConfig
 
 DEFAULT_PORT = 8642
@@ -61,6 +62,14 @@ def build(cfg: ServerConfig) -> tuple[ControlPlane, Auth]:
 def serve(cfg: ServerConfig, *, announce=print) -> None:
     """Run until SIGINT or SIGTERM; running jobs are left running for the next start to adopt."""
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
+    # Bind first: a port in use is a one-line error before anything else starts.
+    sock = socket.socket(socket.AF_INET6 if ":" in cfg.host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((cfg.host, cfg.port))
+    except OSError as e:
+        sock.close()
+        raise PlinthError(f"--port: cannot listen on {cfg.host}:{cfg.port}: {e.strerror}") from None
     cp, auth = build(cfg)
     cp.start()
     app = create_app(cp, auth)
@@ -70,6 +79,6 @@ def serve(cfg: ServerConfig, *, announce=print) -> None:
              f"store {cfg.db_url}, {cp.cluster.describe()}, policy {cfg.policy}, "
              f"isolation {getattr(cp.runtime, 'isolation', '?')}")
     try:
-        server.run()
+        server.run(sockets=[sock])
     finally:
         cp.close()
