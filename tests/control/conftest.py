@@ -110,6 +110,11 @@ class Platform:
 
 
 @pytest.fixture
+def platform_factory() -> type[Platform]:
+    return Platform
+
+
+@pytest.fixture
 def platform(tmp_path) -> Iterator[Platform]:
     p = Platform(tmp_path / "home").start()
     yield p

@@ -7,6 +7,8 @@ not exist, so that ids do not leak what others run.
 # No `from __future__ import annotations`: FastAPI reads the route annotations at runtime.
 
 import asyncio
+import re
+import time
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, HTTPException, Path, Query, Request
@@ -115,6 +117,16 @@ class Health(BaseModel):
     isolation: str
 
 
+_SIM_TIME = re.compile(r"\bt=(\d+(?:\.\d+)?)s\b")
+
+
+def wall_times(reason: str) -> str:
+    """The scheduler writes times as `t=<seconds>s` (virtual time in the simulator); on the
+    platform they are wall-clock seconds, shown as local clock times."""
+    return _SIM_TIME.sub(lambda m: time.strftime("%H:%M:%S", time.localtime(float(m.group(1)))),
+                         reason)
+
+
 def create_app(cp: ControlPlane, auth: Auth) -> FastAPI:
     app = FastAPI(title="Plinth", version=plinth.__version__,
                   description="Submit, watch and cancel jobs on a Plinth cluster.",
@@ -166,7 +178,7 @@ def create_app(cp: ControlPlane, auth: Auth) -> FastAPI:
         per_worker = res.get("gpus") or res.get("gpu_fraction") or 0
         reason = row["reason"]
         if row["state"] == State.PENDING.value:
-            reason = cp.reason(row["id"]) or reason
+            reason = wall_times(cp.reason(row["id"]) or reason)
         return {**{k: row[k] for k in JobSummary.model_fields if k in row},
                 "gpus": per_worker * spec.get("workers", 1), "workers": spec.get("workers", 1),
                 "reason": reason}
