@@ -136,3 +136,21 @@ def test_nodes_report_allocations(shared_platform, wait_for) -> None:
         assert j in node["running"] and 500 in node["gpu_free_milli"]
         c.cancel(j)
         c.wait(j, timeout=30)
+
+
+def test_gpu_quota_is_enforced(platform, wait_for) -> None:
+    """A tenant with a nominal quota of 1 GPU and no borrowing runs one 1-GPU job at a time,
+    though the cluster has 4 idle GPUs; the other waits and says why."""
+    with platform.client() as admin:
+        admin.set_tenant("small", gpus=1, borrowing_limit=0)
+        admin.set_tenant("big", gpus=3)
+        token = admin.add_token("small")
+    with platform.client(token) as c:
+        spec = job("sleep 30", name="q")
+        first, second = c.submit(spec), c.submit(spec)
+        wait_for(lambda: c.job(first)["state"] == "running", what="first running")
+        wait_for(lambda: "quota" in c.job(second)["reason"].lower(), what="a quota reason")
+        assert c.job(second)["state"] == "pending"
+        c.cancel(first)
+        wait_for(lambda: c.job(second)["state"] == "running", what="second after first")
+        c.cancel(second)
