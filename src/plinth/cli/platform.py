@@ -113,7 +113,8 @@ def show(job: int, server: Server = None, token: Token = None) -> None:
     if j["allocation"]:
         console.print("[bold]allocation[/]")
         for rank, s in enumerate(j["allocation"]["slots"]):
-            console.print(f"  worker {rank}: node {s['node']}, GPUs {s['gpus']}, share "
+            console.print(f"  worker {rank}: node {s.get('node_name') or s['node']}, "
+                          f"GPUs {s['gpus']}, share "
                           f"{s['milli'] / 1000:g}"
                           + (f", GPU memory {s['gpu_memory_mib']} MiB" if s["gpu_memory_mib"]
                              else ""), highlight=False)

@@ -213,7 +213,12 @@ def create_app(cp: ControlPlane, auth: Auth) -> FastAPI:
     @app.get("/v1/jobs/{job_id}", response_model=JobDetail)
     def show(job_id: JobId, who: Who) -> dict:
         row = visible(job_id, who)
-        return {**summary(row), "spec": row["spec"], "allocation": row["allocation"],
+        alloc = row["allocation"]
+        if alloc:  # name the nodes: the stored allocation holds their indices
+            names = [n.name for n in cp.cluster.nodes]
+            alloc = {"slots": [{**s, "node_name": names[s["node"]] if s["node"] < len(names)
+                                else None} for s in alloc["slots"]]}
+        return {**summary(row), "spec": row["spec"], "allocation": alloc,
                 "events": [{"time": e["time"], "kind": e["kind"], "message": e["message"]}
                            for e in cp.store.events(job_id)]}
 
