@@ -7,6 +7,7 @@ import sys
 import typer
 from rich.console import Console
 
+from plinth.cli import place as place_cmd
 from plinth.cli import platform as platform_cmd
 from plinth.cli import quickstart as quickstart_cmd
 from plinth.cli import sim as sim_cmd
@@ -22,6 +23,7 @@ for _name in ("up", "submit", "ls", "show", "logs", "cancel", "nodes", "top"):
     app.command(_name)(getattr(platform_cmd, _name))
 app.add_typer(platform_cmd.tenant_app, name="tenant")
 app.command("quickstart")(quickstart_cmd.quickstart)
+app.command("place")(place_cmd.place)
 
 err = Console(stderr=True)
 
