@@ -10,7 +10,8 @@ import sys
 def plinth(platform, *args: str, token: str | None = None) -> subprocess.CompletedProcess:
     env = {**os.environ, "COLUMNS": "200", "PLINTH_SERVER": platform.url,
            "PLINTH_TOKEN": token or platform.token}
-    return subprocess.run([sys.executable, "-m", "plinth.cli.main", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "plinth.cli.main", *args], check=False,
+                          capture_output=True,
                           text=True, timeout=120, env=env)
 
 
@@ -58,7 +59,8 @@ def test_cli_errors_are_one_line(shared_platform, tmp_path) -> None:
     r = plinth(shared_platform, "ls", token="not-a-token")
     assert r.returncode == 2 and "unknown API token" in r.stderr
     env = {**os.environ, "PLINTH_SERVER": "127.0.0.1:1", "PLINTH_TOKEN": "x"}
-    r = subprocess.run([sys.executable, "-m", "plinth.cli.main", "ls"], capture_output=True,
+    r = subprocess.run([sys.executable, "-m", "plinth.cli.main", "ls"], check=False,
+                       capture_output=True,
                        text=True, timeout=60, env=env)
     assert r.returncode == 2 and "cannot reach the control plane" in r.stderr
 
@@ -82,7 +84,8 @@ def test_up_reports_bad_options_in_one_line(tmp_path) -> None:
 
     def up(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, "-m", "plinth.cli.main", "up", "--home",
-                               str(tmp_path / "home"), *args], capture_output=True, text=True,
+                               str(tmp_path / "home"), *args], check=False, capture_output=True,
+                              text=True,
                               timeout=60)
 
     with socket.socket() as s:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 import json
 import sys
 from pathlib import Path
@@ -12,48 +11,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from plinth.core.errors import SpecError
-
 console = Console(width=None if sys.stdout.isatty() else 120)
-
-
-def load_factory(target: str):
-    """The factory named by ``package.module:function``."""
-    module_name, sep, attr = target.partition(":")
-    if not sep or not module_name or not attr:
-        raise SpecError(f"MODULE:FACTORY: expected something like "
-                        f"plinth.place.models:transformer, got {target!r}")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise SpecError(f"MODULE:FACTORY: cannot import module {module_name!r} ({e})") from None
-    factory = getattr(module, attr, None)
-    if not callable(factory):
-        raise SpecError(f"MODULE:FACTORY: module {module_name!r} has no factory {attr!r}")
-    return factory
-
-
-def build(factory, batch: int, target: str):
-    """Call the factory; it returns (module, example_inputs)."""
-    import torch
-
-    built = factory(batch=batch)
-    if (isinstance(built, tuple) and len(built) == 2 and isinstance(built[0], torch.nn.Module)):
-        model, inputs = built
-        return model, inputs if isinstance(inputs, tuple) else (inputs,)
-    raise SpecError(f"MODULE:FACTORY: {target} must return (module, example_inputs), "
-                    f"got {type(built).__name__}")
-
-
-def _comm(kind: str):
-    from plinth.place import comm
-
-    if kind == "measure":
-        return comm.measure_local()
-    presets = {"pcie": comm.PCIE, "nvlink": comm.NVLINK}
-    if kind not in presets:
-        raise SpecError(f"--comm: expected measure, pcie or nvlink, got {kind!r}")
-    return presets[kind]
 
 
 def _gib(n: float) -> str:
@@ -94,27 +52,14 @@ def place(
     out: Annotated[str, typer.Option(help="Where to write the plan.")] = "plan.json",
 ) -> None:
     """Profile a model, place its operator graph on memory-limited devices, and save the plan."""
-    from plinth.place import Devices, parse_size, placer, plan_graph, profile
+    from plinth.place import parse_size
+    from plinth.place.factory import plan_target
 
     mem = parse_size(memory, field_name="--memory")
-    devs = Devices.uniform(devices, mem)
-    placer(algo)  # an unknown name fails before any work
-    if batch < 1:
-        raise SpecError(f"--batch: must be at least 1 (got {batch})")
-    pb = profile_batch or min(batch, 8)
-    if pb < 1 or pb > batch:
-        raise SpecError(f"--profile-batch: must be between 1 and --batch ({batch}), got {pb}")
-    model, inputs = build(load_factory(target), pb, target)
-    link = _comm(comm)
-    with console.status(f"profiling {target} at batch {pb}"):
-        prof = profile(model, inputs, scale=batch / pb)
-    for note in prof.notes:
-        console.print(f"[yellow]note:[/yellow] {note}")
-    import torch
-
-    names = ([f"cuda:{i}" for i in range(devices)] if torch.cuda.device_count() >= devices
-             else [f"device:{i}" for i in range(devices)])
-    plan = plan_graph(prof.graph, devs, link, algo=algo, device_names=names, notes=prof.notes)
+    with console.status(f"profiling and placing {target}"):
+        plan = plan_target(target, devices=devices, memory_bytes=mem, algo=algo, batch=batch,
+                           profile_batch=profile_batch, comm=comm,
+                           on_note=lambda n: console.print(f"[yellow]note:[/yellow] {n}"))
     console.print(report(plan))
     console.print(f"graph: {plan.nodes_before:,} operators, {plan.nodes_after:,} after coarsening"
                   f" · placement took {plan.placement_time_s:.3f} s · comm {plan.comm}")

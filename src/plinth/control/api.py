@@ -202,7 +202,7 @@ def create_app(cp: ControlPlane, auth: Auth) -> FastAPI:
         return {"id": cp.accepted(job_id, spec, now), "state": State.PENDING.value}
 
     @app.get("/v1/jobs", response_model=list[JobSummary])
-    def list_jobs(who: Who, all: bool = False, tenant: str | None = None,  # noqa: A002
+    def list_jobs(who: Who, all: bool = False, tenant: str | None = None,
                   limit: Annotated[int, Query(ge=1, le=10000)] = 1000) -> list[dict]:
         if tenant is not None and not who.may_see(tenant):
             return []

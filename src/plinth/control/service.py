@@ -13,6 +13,7 @@ at the policy's `wake_at`, and at the next time limit, and otherwise sleeps.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
@@ -295,7 +296,7 @@ class ControlPlane:
                 break
             try:
                 self.step()
-            except Exception:  # noqa: BLE001 -- the loop must survive; the error is logged
+            except Exception:
                 log.exception("control loop step failed")
 
     def _sleep_for(self) -> float:
@@ -403,7 +404,16 @@ class ControlPlane:
         # Jobs run in the platform's Python environment first, as a `python` in a spec expects.
         path = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
         env = {"PATH": path, "PYTHONUNBUFFERED": "1", **spec.env}
-        return LaunchSpec(job_id=rec.id, attempt=rec.attempt, command=tuple(spec.command),
+        command = tuple(spec.command)
+        if spec.placement is not None:
+            # The plan is made for the GPUs this attempt got, before the job's own command runs.
+            p, node = spec.placement, self.cluster.nodes[alloc.slots[0].node]
+            memory = (p.memory or req.gpu_memory_mib or
+                      (node.model.memory_mib if node.model else 16 * 1024)) * 2**20
+            env["PLINTH_PLACEMENT"] = json.dumps({"model": p.model, "algo": p.algo,
+                                                  "batch": p.batch, "memory_bytes": memory})
+            command = (sys.executable, "-m", "plinth.place.for_job", "--", *command)
+        return LaunchSpec(job_id=rec.id, attempt=rec.attempt, command=command,
                           workers=tuple(workers), log_path=str(log_path), env=env,
                           workdir=spec.workdir, checkpoint_dir=ckpt)
 

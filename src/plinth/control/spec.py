@@ -19,6 +19,11 @@ preemptible: true
 max_runtime: 30m            # seconds, or 90s / 30m / 2h / 1d
 retries: 0                  # requeue a failed run this many times
 checkpoint_dir: /data/ckpt  # default: $PLINTH_HOME/checkpoints/JOB
+placement:                  # optional: a model-parallel plan for the GPUs given (Baechi)
+  model: plinth.place.models:gnmt
+  algo: m-etf               # m-etf, m-sct or m-topo
+  batch: 64
+  memory: 16Gi              # per device; default: the GPU's memory
 ```
 """
 
@@ -95,6 +100,23 @@ class Resources(BaseModel):
         return self
 
 
+class Placement(BaseModel):
+    """Ask the platform for a model-parallel placement (Baechi) of the job's model over the GPUs
+    it is given; the job reads the plan from $PLINTH_PLACEMENT_PLAN."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = Field(pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")  # MODULE:FACTORY
+    algo: str = Field("m-etf", pattern=r"^m-(etf|sct|topo)$")
+    batch: int = Field(64, ge=1, le=1 << 20)
+    memory: int | None = Field(None, ge=1, le=MAX_MIB)  # MiB per device; default: the GPU's
+
+    @field_validator("memory", mode="before")
+    @classmethod
+    def _memory(cls, v: Any) -> int | None:
+        return None if v is None else parse_memory(v)
+
+
 class JobSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -110,6 +132,7 @@ class JobSpec(BaseModel):
     max_runtime: float | None = Field(None, gt=0, le=MAX_RUNTIME_S)  # seconds
     retries: int = Field(0, ge=0, le=100)
     checkpoint_dir: str | None = None
+    placement: Placement | None = None
 
     @field_validator("name")
     @classmethod
