@@ -46,10 +46,10 @@ def postgres_url() -> Iterator[str]:
         shutil.chown(root, "postgres")
     port = _free_port()
     subprocess.run([*as_user, initdb, "-D", str(data), "-A", "trust", "-U", "plinth"],
-                   check=True, check=False, capture_output=True)
+                   check=True, capture_output=True)
     subprocess.run([*as_user, pg_ctl, "-D", str(data), "-l", str(root / "log"), "-w", "-o",
                     f"-p {port} -k {root} -c listen_addresses=127.0.0.1", "start"],
-                   check=True, check=False, capture_output=True)
+                   check=True, capture_output=True)
     try:
         yield f"postgresql://plinth@127.0.0.1:{port}/postgres"
     finally:
