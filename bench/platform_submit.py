@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import psutil
 from rich.console import Console
 from rich.table import Table
 
@@ -35,7 +36,8 @@ SPEC = {"name": "bench", "command": ["true"],
         "resources": {"cpus": 0.01, "memory": "16Mi", "gpus": 1}}
 
 
-def throughput(url: str, token: str, jobs: int, threads: int) -> tuple[float, float]:
+def throughput(url: str, token: str, jobs: int, threads: int, server_pid: int
+               ) -> tuple[float, float, float]:
     with Client(url, token) as c:
         hog = c.submit({**SPEC, "name": "hog", "command": ["sleep", "3600"],
                         "resources": {**SPEC["resources"], "gpus": 8}, "priority": 100,
@@ -68,16 +70,19 @@ def throughput(url: str, token: str, jobs: int, threads: int) -> tuple[float, fl
             lat.extend(mine)
 
     ts = [threading.Thread(target=worker) for _ in range(threads)]
+    server = psutil.Process(server_pid)
+    cpu0 = sum(server.cpu_times()[:2])
     t0 = time.perf_counter()
     for t in ts:
         t.start()
     for t in ts:
         t.join()
     wall = time.perf_counter() - t0
+    cpu = sum(server.cpu_times()[:2]) - cpu0
     with Client(url, token) as c:
         pending = [j for j in c.jobs(limit=10000) if j["state"] == "pending"]
         assert len(pending) == per * threads, "lost submissions"
-    return per * threads / wall, float(np.percentile(lat, 99)) * 1000
+    return per * threads / wall, float(np.percentile(lat, 99)) * 1000, cpu / (per * threads)
 
 
 def decision_latency(url: str, token: str, n: int) -> np.ndarray:
@@ -97,8 +102,6 @@ def decision_latency(url: str, token: str, n: int) -> np.ndarray:
 
 def kill_jobs(home: Path) -> None:
     """Jobs outlive the control plane by design; the benchmark's own must not outlive it."""
-    import psutil
-
     for p in psutil.process_iter(["environ"]):
         if str(home) in (p.info.get("environ") or {}).get("PLINTH_CHECKPOINT_DIR", ""):
             p.kill()
@@ -118,11 +121,14 @@ def main() -> None:
     url, token = f"http://127.0.0.1:{port}", (home / "token").read_text().strip()
     try:
         lat = decision_latency(url, token, args.latency_jobs)
-        rate, p99_submit = throughput(url, token, args.jobs, args.threads)
+        rate, p99_submit, cpu_per = throughput(url, token, args.jobs, args.threads, proc.pid)
     finally:
         stop_server(proc)
         kill_jobs(home)
     results = {"submissions_per_s": rate, "submit_call_p99_ms": p99_submit,
+               "server_cpu_ms_per_submission": cpu_per * 1000,
+               "submissions_per_server_cpu_s": 1 / cpu_per,
+               "load_average_1m": psutil.getloadavg()[0],
                "decision_p50_ms": float(np.percentile(lat, 50)),
                "decision_p99_ms": float(np.percentile(lat, 99)),
                "decision_max_ms": float(lat.max()), "decision_mean_ms": statistics.fmean(lat),
@@ -134,11 +140,15 @@ def main() -> None:
     t.add_row(f"submissions/s ({args.jobs} jobs, {args.threads} client threads)",
               f"{rate:.0f}", ">= 500 (Slurm)")
     t.add_row("submit call p99 (ms)", f"{p99_submit:.1f}", "")
+    t.add_row("server CPU per submission (ms, all its threads)", f"{cpu_per * 1000:.2f}", "")
+    t.add_row("submissions per server CPU-second", f"{1 / cpu_per:.0f}", "")
     t.add_row(f"submit-to-launch-decision p50 (ms, {args.latency_jobs} jobs)",
               f"{results['decision_p50_ms']:.1f}", "")
     t.add_row("submit-to-launch-decision p99 (ms)", f"{results['decision_p99_ms']:.1f}", "< 100")
     t.add_row("submit-to-launch-decision max (ms)", f"{results['decision_max_ms']:.1f}", "")
     Console().print(t)
+    Console().print(f"load average during the run: {psutil.getloadavg()[0]:.1f} on "
+                    f"{psutil.cpu_count()} CPUs")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
 

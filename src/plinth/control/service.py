@@ -45,8 +45,8 @@ log = logging.getLogger("plinth.control")
 PLATFORM_POLICIES = ("fifo", "sjf", "priority", "drf", "tiresias")
 # A job without max_runtime is planned as if it ran this long (backfill needs an estimate).
 DEFAULT_ESTIMATE_S = 24 * 3600.0
-# Passes are spaced by at least this, or by twice as long as the last pass took, so that under a
-# burst of submissions the scheduler takes at most about a third of the process's time and each
+# Passes are spaced by at least this, or by four times as long as the last pass took, so that
+# under a burst of submissions the scheduler takes at most a fifth of the process's time and each
 # pass sees a batch of new jobs (Slurm's sched_min_interval plays the same role). An idle
 # cluster is not delayed: the first pass after a quiet spell runs at once.
 MIN_PASS_INTERVAL_S = 0.005
@@ -333,7 +333,7 @@ class ControlPlane:
             t0 = time.monotonic()
             self._pass(now)
             took = time.monotonic() - t0
-            self._next_pass = t0 + took + max(MIN_PASS_INTERVAL_S, 2 * took)
+            self._next_pass = t0 + took + max(MIN_PASS_INTERVAL_S, 4 * took)
 
     def _pass(self, now: float) -> None:
         running = {}

@@ -13,6 +13,7 @@ the last few commits.
 from __future__ import annotations
 
 import hashlib
+import json
 import queue
 import threading
 import time
@@ -131,8 +132,10 @@ class Store:
     def insert_jobs(self, batch: Sequence[tuple[Mapping[str, Any], float, str]]) -> list[int]:
         """Insert submitted jobs, each with its `submitted` event, in one transaction."""
         ids = []
-        # Parameters go separately from the statement, so it is compiled once (the hot path).
         with self._write, self.engine.begin() as c:
+            if self.sqlite:  # the hot path: the driver directly, no statement machinery
+                return _sqlite_insert_jobs(c.connection.driver_connection, batch)
+            # Parameters go separately from the statement, so it is compiled once.
             for row, now, message in batch:
                 job_id = int(c.execute(_INSERT_JOB, {**row, "state": State.PENDING.value,
                                                      "submit_time": now}).inserted_primary_key[0])
@@ -212,6 +215,31 @@ class Store:
         """digest -> (tenant, admin)."""
         with self.engine.connect() as c:
             return {r.digest: (r.tenant, r.admin) for r in c.execute(tokens.select())}
+
+
+_JOB_COLUMNS = ("name", "tenant", "priority", "spec", "reason", "state", "submit_time", "attempt",
+                "preemptions")
+_SQLITE_JOB = (f"INSERT INTO jobs ({', '.join(_JOB_COLUMNS)}) "
+               f"VALUES ({', '.join('?' * len(_JOB_COLUMNS))})")
+_SQLITE_EVENT = "INSERT INTO events (job_id, time, kind, message) VALUES (?, ?, ?, ?)"
+
+
+def _sqlite_insert_jobs(conn: Any, batch: Sequence[tuple[Mapping[str, Any], float, str]]
+                        ) -> list[int]:
+    """`Store.insert_jobs` on SQLite through the sqlite3 driver: a third of the cost of the
+    same inserts through SQLAlchemy Core, which matters at hundreds of submissions a second.
+    JSON is stored as SQLAlchemy's JSON type stores it (json.dumps text), so reads agree."""
+    cur = conn.cursor()
+    ids, evs = [], []
+    for row, now, message in batch:
+        cur.execute(_SQLITE_JOB, (row["name"], row["tenant"], row.get("priority", 0),
+                                  json.dumps(row["spec"]), row.get("reason", ""),
+                                  State.PENDING.value, now, 0, 0))
+        ids.append(int(cur.lastrowid))
+        evs.append((cur.lastrowid, now, "submitted", message))
+    cur.executemany(_SQLITE_EVENT, evs)
+    cur.close()
+    return ids
 
 
 class GroupCommit:
