@@ -10,6 +10,7 @@ from rich.console import Console
 from plinth.cli import place as place_cmd
 from plinth.cli import platform as platform_cmd
 from plinth.cli import quickstart as quickstart_cmd
+from plinth.cli import serve as serve_cmd
 from plinth.cli import sim as sim_cmd
 from plinth.core.errors import PlinthError
 
@@ -24,6 +25,7 @@ for _name in ("up", "submit", "ls", "show", "logs", "cancel", "nodes", "top"):
 app.add_typer(platform_cmd.tenant_app, name="tenant")
 app.command("quickstart")(quickstart_cmd.quickstart)
 app.command("place")(place_cmd.place)
+app.add_typer(serve_cmd.app, name="serve")
 
 err = Console(stderr=True)
 

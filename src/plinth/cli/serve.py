@@ -1,0 +1,157 @@
+"""`plinth serve`: replay traces against the autoscaling policies, or serve a real model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from plinth.core.errors import SpecError
+
+app = typer.Typer(help="SLO-aware inference autoscaling (Faro) and model serving.",
+                  no_args_is_help=True, pretty_exceptions_enable=False)
+console = Console()
+
+ROOT = Path(__file__).resolve().parents[3]
+TRACES = ROOT.parent / "shared/data/traces"
+DEFAULT_TRACE = TRACES / "faro-twitter/jobs10_6h.jsonl"
+DEFAULT_SERVICE = TRACES / "faro-twitter/resnet34_latency_lognorm.yaml"
+
+
+def _window(text: str | None) -> tuple[int, int | None]:
+    if not text:
+        return 0, None
+    try:
+        a, b = text.split(":")
+        return int(a or 0), (int(b) if b else None)
+    except ValueError:
+        raise SpecError(f"--minutes: {text!r} is not START:END in minutes, e.g. 0:120") from None
+
+
+@app.command()
+def sim(
+    trace: Annotated[str, typer.Option(help="Per-minute count trace (Faro JSONL, or Azure LLM "
+                                            "CSV).")] = str(DEFAULT_TRACE),
+    service_time: Annotated[str, typer.Option(help="Service-time fit (YAML).")] =
+    str(DEFAULT_SERVICE),
+    slo_ms: Annotated[float, typer.Option(help="Latency SLO per request (ms).")] = 720.0,
+    cpus: Annotated[int, typer.Option(help="Quota: replicas in all (1 CPU each).")] = 32,
+    policy: Annotated[str, typer.Option(help="Policy (see `plinth serve policies`).")] =
+    "faro-fairsum",
+    compare: Annotated[str | None, typer.Option(help="More policies, p1,p2,…")] = None,
+    minutes: Annotated[str | None, typer.Option(help="Part of the trace, START:END.")] = None,
+    jobs: Annotated[int | None, typer.Option(help="Only the first N jobs.")] = None,
+    quantile: Annotated[float, typer.Option(help="Faro's forecast quantile.")] = 0.6,
+    cold_start_s: Annotated[float, typer.Option(help="Replica cold start (s).")] = 10.0,
+    seed: Annotated[int, typer.Option()] = 0,
+    json_path: Annotated[str | None, typer.Option("--json", help="Write results JSON.")] = None,
+    out: Annotated[str | None, typer.Option(help="Folder for plots.")] = "results/serve",
+) -> None:
+    """Replay a trace under one or more autoscaling policies and compare them."""
+    from plinth.serve import report
+    from plinth.serve.policies import make_policy
+    from plinth.serve.sim import SimConfig, simulate
+    from plinth.serve.traces import load_service_time, load_trace
+
+    if not 0.0 < quantile < 1.0:
+        raise SpecError(f"--quantile: {quantile} must lie strictly between 0 and 1")
+    names = [policy] + [p.strip() for p in (compare or "").split(",") if p.strip()]
+    policies = [make_policy(n, quantile=quantile) for n in names]
+    tr = load_trace(trace).window(*_window(minutes))
+    if jobs is not None:
+        tr = tr.first_jobs(jobs)
+    cfg = SimConfig(service=load_service_time(service_time), slo_s=slo_ms / 1000.0, quota=cpus,
+                    cold_start_s=cold_start_s, seed=seed)
+    console.print(f"[bold]{len(tr.jobs)} jobs × {tr.minutes} min[/bold] from {trace}; "
+                  f"{cpus} CPUs, SLO {slo_ms:g} ms, service mean {cfg.service.mean * 1000:.0f} ms")
+    results = []
+    for p in policies:
+        results.append(simulate(tr, p, cfg))
+        console.print(f"{p.name}: {results[-1].wall_s:.1f} s", style="dim")
+    console.print(report.table(results, f"{Path(trace).name} · {cpus} CPUs"))
+    if json_path:
+        report.write_json(results, json_path, {"cpus": cpus, "trace": Path(trace).name})
+        console.print(f"results: {json_path}")
+    if out:
+        for path in report.plot(results, out):
+            console.print(f"plot: {path}")
+
+
+@app.command()
+def policies() -> None:
+    """List the autoscaling policies."""
+    from plinth.serve.policies import POLICIES
+
+    for name, factory in POLICIES.items():
+        policy = factory()
+        doc = (policy.__doc__ or "").strip().splitlines()
+        line = doc[0] if doc else ""
+        if hasattr(policy, "objective"):
+            line = (f"Faro, {policy.objective} objective"
+                    f"{', with request dropping' if policy.drop else ''}: {line}")
+        console.print(f"[bold]{name:18}[/bold] {line}")
+
+
+@app.command()
+def up(
+    config: Annotated[str, typer.Argument(help="Serving config (YAML).")],
+    duration_s: Annotated[float | None, typer.Option(help="Stop after this long.")] = None,
+    load_rps: Annotated[float, typer.Option(help="Send synthetic Poisson traffic at this rate "
+                                                 "per job (0: none).")] = 0.0,
+) -> None:
+    """Serve real PyTorch replicas behind the router; the autoscaler sets their counts."""
+    import threading
+    import time
+
+    import httpx
+    import numpy as np
+
+    from plinth.serve.serving import LocalServing
+    from plinth.serve.spec import load_service
+
+    spec = load_service(config)
+    if load_rps < 0:
+        raise SpecError(f"--load-rps: {load_rps} must be >= 0")
+    serving = LocalServing(spec)
+    console.print(f"starting {sum(j.replicas for j in spec.jobs)} replicas …")
+    serving.start()
+    console.print(f"router on {serving.url} (POST /v1/JOB/infer, GET /metrics); "
+                  f"policy {spec.policy}, quota {spec.quota}")
+    stop = threading.Event()
+
+    def traffic(job: str, seed: int) -> None:
+        rng = np.random.default_rng(seed)
+        body = {"inputs": rng.random((1, 784)).round(3).tolist()}
+        with httpx.Client(timeout=spec.router.timeout_s + 5) as client:
+            while not stop.wait(rng.exponential(1.0 / load_rps)):
+                threading.Thread(target=lambda: _post(client, f"{serving.url}/v1/{job}/infer",
+                                                      body), daemon=True).start()
+
+    if load_rps > 0:
+        for i, j in enumerate(spec.jobs):
+            threading.Thread(target=traffic, args=(j.name, i), daemon=True).start()
+
+    def show(s: LocalServing, d) -> None:
+        counts = ", ".join(f"{k}={v}" for k, v in s.replica_counts().items())
+        console.print(f"[dim]{time.strftime('%H:%M:%S')}[/dim] replicas {counts}"
+                      + (f" · {d.reason}" if d else ""))
+
+    try:
+        serving.run(duration_s, on_tick=show)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        stop.set()
+        serving.stop()
+        console.print("stopped")
+
+
+def _post(client, url: str, body: dict) -> None:
+    import httpx
+
+    try:
+        client.post(url, json=body)
+    except httpx.HTTPError:
+        pass  # the router counts it; the load generator only makes traffic
