@@ -45,8 +45,8 @@ log = logging.getLogger("plinth.control")
 PLATFORM_POLICIES = ("fifo", "sjf", "priority", "drf", "tiresias")
 # A job without max_runtime is planned as if it ran this long (backfill needs an estimate).
 DEFAULT_ESTIMATE_S = 24 * 3600.0
-# Passes are spaced by at least this, or by four times as long as the last pass took, so that
-# under a burst of submissions the scheduler takes at most a fifth of the process's time and each
+# Passes are spaced by at least this, or by nine times as long as the last pass took, so that
+# under a burst of submissions the scheduler takes at most a tenth of the process's time and each
 # pass sees a batch of new jobs (Slurm's sched_min_interval plays the same role). An idle
 # cluster is not delayed: the first pass after a quiet spell runs at once.
 MIN_PASS_INTERVAL_S = 0.005
@@ -330,12 +330,11 @@ class ControlPlane:
                                                                                now + wait)
                 return
             self._dirty = False
-            t0 = time.monotonic()
-            self._pass(now)
-            took = time.monotonic() - t0
-            self._next_pass = t0 + took + max(MIN_PASS_INTERVAL_S, 4 * took)
+            took = self._pass(now)  # the policy's time; launching processes is not counted
+            self._next_pass = time.monotonic() + max(MIN_PASS_INTERVAL_S, 9 * took)
 
-    def _pass(self, now: float) -> None:
+    def _pass(self, now: float) -> float:
+        """One scheduling pass, its decisions applied; returns the seconds the policy took."""
         running = {}
         for rec in self.active.values():
             if rec.state is State.RUNNING:
@@ -345,7 +344,9 @@ class ControlPlane:
                 js.attained = rec.base_attained + ran * js.job.request.num_gpus
                 running[rec.id] = js
         snap = Snapshot(self.cluster, self.state, list(self.pending), running, self.config)
+        t0 = time.monotonic()
         d = self.policy.schedule(snap, now)
+        took = time.monotonic() - t0
         self.passes += 1
         self._wake_at = d.wake_at
         for p in d.preempts:
@@ -360,6 +361,7 @@ class ControlPlane:
         for job_id, why in d.waiting.items():
             if job_id in self.active and self.active[job_id].state is State.PENDING:
                 self.reasons[job_id] = why
+        return took
 
     def _start(self, rec: Record, alloc: Allocation, now: float, why: str) -> None:
         req = rec.js.job.request
