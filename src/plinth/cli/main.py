@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 import sys
 
 import typer
 from rich.console import Console
 
+from plinth.cli import fl as fl_cmd
 from plinth.cli import place as place_cmd
 from plinth.cli import platform as platform_cmd
 from plinth.cli import quickstart as quickstart_cmd
@@ -26,12 +28,14 @@ app.add_typer(platform_cmd.tenant_app, name="tenant")
 app.command("quickstart")(quickstart_cmd.quickstart)
 app.command("place")(place_cmd.place)
 app.add_typer(serve_cmd.app, name="serve")
+app.add_typer(fl_cmd.app, name="fl")
 
 err = Console(stderr=True)
 
 
 def main() -> None:
     """Entry point: Typer handles usage errors; a PlinthError is one red line, exit code 2."""
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         app()
     except PlinthError as e:

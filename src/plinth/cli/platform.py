@@ -85,7 +85,7 @@ def jobs_table(jobs: list[dict], now: float | None = None) -> Table:
     return t
 
 
-def ls(all: Annotated[bool, typer.Option("--all", "-a", help="Include finished jobs.")] = False,  # noqa: A002
+def ls(all: Annotated[bool, typer.Option("--all", "-a", help="Include finished jobs.")] = False,
        tenant: Annotated[str | None, typer.Option("--tenant", "-t")] = None,
        server: Server = None, token: Token = None) -> None:
     """The queue, as squeue shows it: pending, running and stopping jobs (all with --all)."""

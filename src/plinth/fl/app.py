@@ -1,0 +1,201 @@
+"""The FL app spec: one YAML file that `plinth fl server|client|sim` all read.
+
+Checked once, at the boundary, by pydantic models that refuse unknown keys. Errors are one line
+naming the file and the field, e.g. ``app.yaml: server.fraction: must be <= 1 (got 1.5)``.
+
+The YAML names a Python file (`code`, relative to the YAML) that defines ``make_model(spec)``
+returning a `torch.nn.Module`; it may also define ``make_client(cid, train, test, spec)`` to
+replace the built-in PyTorch classifier client.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from plinth.core.errors import SpecError
+from plinth.fl.compress import CODECS
+from plinth.fl.strategies import STRATEGIES
+
+
+class _Spec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class DataSpec(_Spec):
+    source: Literal["mnist", "digits", "idx", "csv", "leaf"] = "digits"
+    path: str | None = None  # mnist: .pkl.gz or .whl; csv/leaf: file or folder; idx: images file
+    labels: str | None = None  # idx: labels file
+    label_column: str = "label"
+    fallback: Literal["digits", "none"] = "digits"  # when MNIST is not installed
+    partition: Literal["iid", "dirichlet", "shards", "natural"] = "iid"
+    alpha: float = Field(default=0.5, gt=0)
+    shards_per_client: int = Field(default=2, ge=1)
+    clients: int = Field(default=10, ge=1)
+    test_fraction: float = Field(default=0.2, gt=0, lt=1)  # for sources without a test split
+    max_train: int | None = Field(default=None, ge=1)  # cap examples (tests, quick runs)
+    max_test: int | None = Field(default=None, ge=1)
+
+
+class TrainSpec(_Spec):
+    epochs: int = Field(default=1, ge=1)
+    batch_size: int = Field(default=32, ge=1)
+    lr: float = Field(default=0.05, gt=0)
+    momentum: float = Field(default=0.0, ge=0, lt=1)
+
+
+class StrategySpec(_Spec):
+    name: str = "fedavg"
+    options: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("name")
+    @classmethod
+    def _known(cls, v: str) -> str:
+        if v.lower() not in STRATEGIES:
+            raise ValueError(f"unknown strategy {v!r}; choose one of: {', '.join(STRATEGIES)}")
+        return v.lower()
+
+
+class EligibilitySpec(_Spec):
+    min_examples: int = Field(default=1, ge=0)
+    require: dict[str, bool | int | float | str] = Field(default_factory=dict)
+
+
+class ServerSpec(_Spec):
+    rounds: int = Field(default=10, ge=1)
+    fraction: float = Field(default=0.1, gt=0, le=1)
+    min_clients: int = Field(default=2, ge=1)
+    min_available: int = Field(default=2, ge=1)
+    straggler_timeout: float = Field(default=300.0, gt=0)  # seconds per round (per task if async)
+    wait_timeout: float = Field(default=600.0, gt=0)  # for min_available clients to join
+    eligibility: EligibilitySpec = Field(default_factory=EligibilitySpec)
+    concurrency: int = Field(default=10, ge=1)  # async: client tasks in flight
+    aggregation_threads: int = Field(default=1, ge=1)
+    evaluate_every: int = Field(default=1, ge=1)
+    # central: the server scores the model on the app's test split; federated: the round's
+    # clients score it on their own data (for servers that hold no data)
+    evaluate: Literal["central", "federated"] = "central"
+
+
+class CompressionSpec(_Spec):
+    kind: str = "none"
+    ratio: float = Field(default=0.01, gt=0, le=1)
+    error_feedback: bool = True
+
+    @field_validator("kind")
+    @classmethod
+    def _known(cls, v: str) -> str:
+        if v not in CODECS:
+            raise ValueError(f"unknown kind {v!r}; choose one of: {', '.join(CODECS)}")
+        return v
+
+
+class TlsSpec(_Spec):
+    cert: str | None = None  # server: its certificate chain (PEM)
+    key: str | None = None  # server: its private key (PEM)
+    ca: str | None = None  # client: the CA that signed the server's certificate
+
+
+class TransportSpec(_Spec):
+    chunk_size: int = Field(default=1 << 20, ge=1024)
+    tls: TlsSpec | None = None
+    tokens: str | None = None  # file of "client_id token" lines; none = no authentication
+    token: str | None = None  # client side: its token (or PLINTH_FL_TOKEN)
+    client_id: str | None = None  # client side
+
+
+class AppSpec(_Spec):
+    name: str = "fl-app"
+    code: str | None = None
+    seed: int = 0
+    data: DataSpec = Field(default_factory=DataSpec)
+    train: TrainSpec = Field(default_factory=TrainSpec)
+    strategy: StrategySpec = Field(default_factory=StrategySpec)
+    server: ServerSpec = Field(default_factory=ServerSpec)
+    compression: CompressionSpec = Field(default_factory=CompressionSpec)
+    transport: TransportSpec = Field(default_factory=TransportSpec)
+    checkpoint_dir: str | None = None
+    base_dir: str = "."  # set by `load_app` to the YAML's folder
+
+    def resolve(self, p: str | None) -> str | None:
+        """A path from the YAML, taken relative to the YAML's folder."""
+        if p is None:
+            return None
+        q = Path(p).expanduser()
+        return str(q if q.is_absolute() else Path(self.base_dir) / q)
+
+
+def _first_error(e: ValidationError) -> str:
+    err = e.errors()[0]
+    loc = ".".join(str(x) for x in err["loc"]) or "(top level)"
+    msg = err["msg"].removeprefix("Value error, ")
+    if err["type"] == "value_error":
+        return f"{loc}: {msg}"
+    if err["type"] == "extra_forbidden":
+        return f"{loc}: unknown field"
+    return f"{loc}: {msg} (got {err.get('input')!r})"
+
+
+def parse_app(doc: Any, where: str = "app", base_dir: str = ".") -> AppSpec:
+    if not isinstance(doc, dict):
+        raise SpecError(f"{where}: expected a mapping at the top level, got {type(doc).__name__}")
+    try:
+        spec = AppSpec(**{**doc, "base_dir": base_dir})
+    except ValidationError as e:
+        raise SpecError(f"{where}: {_first_error(e)}") from None
+    # Build the strategy once so that its options are checked at start-up too.
+    from plinth.fl.strategies import make_strategy
+
+    try:
+        make_strategy(spec.strategy.name, spec.strategy.options)
+    except SpecError as e:
+        raise SpecError(f"{where}: {e}") from None
+    return spec
+
+
+def load_app(path: str | Path, overrides: dict[str, Any] | None = None) -> AppSpec:
+    """Read and check an app YAML. `overrides` maps dotted fields to values (from the CLI)."""
+    p = Path(path)
+    try:
+        doc = yaml.safe_load(p.read_text()) or {}
+    except OSError as e:
+        raise SpecError(f"{p}: cannot read ({e.strerror})") from None
+    except yaml.YAMLError as e:
+        raise SpecError(f"{p}: not valid YAML ({str(e).splitlines()[0]})") from None
+    for key, value in (overrides or {}).items():
+        if value is None:
+            continue
+        node = doc
+        *parents, leaf = key.split(".")
+        for k in parents:
+            node = node.setdefault(k, {})
+        node[leaf] = value
+    return parse_app(doc, str(p), str(p.resolve().parent))
+
+
+def load_code(spec: AppSpec) -> ModuleType:
+    """Import the app's Python file (under a name unique to its path)."""
+    path = spec.resolve(spec.code)
+    if path is None:
+        raise SpecError(f"{spec.base_dir}: code: name a Python file with make_model(spec)")
+    p = Path(path).resolve()
+    name = "plinth_fl_app_" + hashlib.sha1(str(p).encode()).hexdigest()[:12]
+    if name in sys.modules:
+        return sys.modules[name]
+    if not p.exists():
+        raise SpecError(f"code: {p} does not exist")
+    mod_spec = importlib.util.spec_from_file_location(name, p)
+    assert mod_spec is not None and mod_spec.loader is not None
+    module = importlib.util.module_from_spec(mod_spec)
+    sys.modules[name] = module
+    mod_spec.loader.exec_module(module)
+    if not hasattr(module, "make_model"):
+        raise SpecError(f"{p}: defines no make_model(spec)")
+    return module

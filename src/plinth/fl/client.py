@@ -1,0 +1,137 @@
+"""The client side: the `Client` protocol users implement, and the runner that speaks messages.
+
+A client is any object with
+
+- ``fit(parameters, config) -> (new_parameters, num_examples, metrics)``
+- ``evaluate(parameters, config) -> (loss, num_examples, metrics)``
+
+`ClientRunner.handle(bytes) -> bytes` decodes a message, calls the client, and encodes the reply.
+It sends the *delta* (new minus received parameters), compressed as the task asks. An exception in
+the user's code becomes an `ErrorRes` reply, so the server sees a failure, not a dead client.
+"""
+
+from __future__ import annotations
+
+import traceback
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from plinth.fl import serde
+from plinth.fl.app import AppSpec, load_code
+from plinth.fl.compress import Compressor
+from plinth.fl.data import Dataset, client_partitions, load_source
+from plinth.fl.messages import (
+    Config,
+    ErrorRes,
+    EvaluateIns,
+    EvaluateRes,
+    FitIns,
+    FitRes,
+    Metrics,
+    NDArrays,
+)
+
+
+class Client(Protocol):
+    def fit(self, parameters: NDArrays, config: Config) -> tuple[NDArrays, int, Metrics]: ...
+
+    def evaluate(self, parameters: NDArrays, config: Config) -> tuple[float, int, Metrics]: ...
+
+
+class ClientRunner:
+    """Turns request bytes into reply bytes for one client, keeping its compressor state."""
+
+    def __init__(self, client: Client, compressor: Compressor | None = None,
+                 state_path: Path | None = None) -> None:
+        self.client = client
+        self.compressor = compressor or Compressor()
+        # Virtual clients in a process pool may land on any worker: keep the error-feedback
+        # residual in a file so it follows the client, not the process.
+        self.state_path = state_path
+
+    def handle(self, payload: bytes | bytearray) -> bytearray:
+        msg = serde.decode(payload)
+        try:
+            if isinstance(msg, FitIns):
+                return serde.encode(self._fit(msg))
+            if isinstance(msg, EvaluateIns):
+                loss, n, metrics = self.client.evaluate(msg.parameters, dict(msg.config))
+                return serde.encode(EvaluateRes(msg.round, float(loss), int(n), _floats(metrics)))
+            return serde.encode(ErrorRes(getattr(msg, "round", -1),
+                                         f"client cannot handle {type(msg).__name__}"))
+        except Exception as e:  # noqa: BLE001 - user code failed: report it as data
+            last = traceback.extract_tb(e.__traceback__)[-1]
+            return serde.encode(ErrorRes(msg.round, f"{type(e).__name__}: {e} "
+                                                    f"({Path(last.filename).name}:{last.lineno})"))
+
+    def _fit(self, ins: FitIns) -> FitRes:
+        config = {**ins.config, "round": ins.round}
+        new, n, metrics = self.client.fit(ins.parameters, config)
+        delta = [_minus(np.asarray(a), np.asarray(b)) for a, b in zip(new, ins.parameters)]
+        if len(new) != len(ins.parameters) or any(d is None for d in delta):
+            delta = list(new)  # does not fit the model: send as is; the server rejects and logs it
+        self._load_residual()
+        arrays, codec, meta = self.compressor.encode(delta)
+        self._save_residual()
+        return FitRes(ins.round, arrays, int(n), _floats(metrics), codec, meta)
+
+    def _load_residual(self) -> None:
+        if self.state_path is not None and self.state_path.exists():
+            with np.load(self.state_path) as z:
+                self.compressor.residual = [z[f"a{i}"] for i in range(len(z.files))]
+
+    def _save_residual(self) -> None:
+        r = self.compressor.residual
+        if self.state_path is not None and r is not None:
+            tmp = self.state_path.with_suffix(".tmp.npz")
+            np.savez(tmp, **{f"a{i}": a for i, a in enumerate(r)})
+            tmp.replace(self.state_path)
+
+
+def _minus(new: np.ndarray, old: np.ndarray) -> np.ndarray | None:
+    """new − old in old's dtype; None when they cannot be subtracted (wrong shape)."""
+    if new.shape != old.shape:
+        return None
+    if np.issubdtype(old.dtype, np.floating):
+        return new - old if new.dtype == old.dtype else new  # a dtype change goes as is
+    return (new.astype(np.int64) - old.astype(np.int64)).astype(old.dtype)
+
+
+def _floats(metrics: dict[str, Any]) -> Metrics:
+    return {str(k): float(v) for k, v in (metrics or {}).items()}
+
+
+class AppClients:
+    """Builds the clients of an app: its data split, its model code, one client per id."""
+
+    def __init__(self, spec: AppSpec, num_clients: int, state_dir: str | None = None) -> None:
+        self.spec, self.num_clients = spec, num_clients
+        self.code = load_code(spec)
+        self.train, self.test = load_source(spec.data, spec.seed)
+        self.parts = client_partitions(spec.data, self.train, num_clients, spec.seed)
+        self.state_dir = Path(state_dir) if state_dir else None
+
+    def sizes(self) -> list[int]:
+        return [len(p) for p in self.parts]
+
+    def client(self, cid: int) -> Client:
+        train: Dataset = self.train.subset(self.parts[cid])
+        if hasattr(self.code, "make_client"):
+            return self.code.make_client(cid, train, self.test, self.spec)
+        from plinth.fl.torch_client import make_default_client
+
+        model = self.code.make_model(self.spec)
+        # each client scores on its own slice of the test split (federated evaluation)
+        test = self.test.subset(np.arange(cid, len(self.test), self.num_clients))
+        return make_default_client(model, train, test, self.spec.train,
+                                   self.spec.seed * 1_000_003 + cid)
+
+    def runner(self, cid: int) -> ClientRunner:
+        c = self.spec.compression
+        comp = Compressor(c.kind, ratio=c.ratio, error_feedback=c.error_feedback)
+        path = None
+        if self.state_dir is not None and c.kind == "topk" and c.error_feedback:
+            path = self.state_dir / f"client_{cid}.npz"
+        return ClientRunner(self.client(cid), comp, path)

@@ -1,0 +1,324 @@
+"""The FL server: rounds, client selection, straggler timeouts, eager aggregation, checkpoints.
+
+The server is an imperative shell around pure parts: selection is a function of (clients, rng),
+the strategy decides the next model, and the transport moves bytes. Each reply is decoded and
+folded into the round's accumulator *as it arrives*; a reply that is late, malformed, for another
+round, of the wrong shape or dtype, or holding NaN/Inf becomes a `Failure` record (logged, passed
+to the strategy), never an exception.
+
+Synchronous strategies run rounds: select, send, fold until all reply or the straggler timeout,
+aggregate, evaluate, checkpoint. Asynchronous strategies (FedBuff, FedAsync) keep `concurrency`
+clients busy and step the model whenever the strategy is `ready`; a "round" is then one model
+version.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, Future, wait
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from plinth.core.errors import PlinthError
+from plinth.fl import serde
+from plinth.fl.aggregate.engine import UpdateRejected
+from plinth.fl.app import EligibilitySpec, ServerSpec
+from plinth.fl.checkpoint import Checkpointer
+from plinth.fl.compress import decompress
+from plinth.fl.messages import (
+    ClientInfo,
+    ErrorRes,
+    EvaluateIns,
+    EvaluateRes,
+    Failure,
+    FitIns,
+    FitRes,
+    Metrics,
+    NDArrays,
+)
+from plinth.fl.strategies.base import Strategy
+from plinth.fl.transport import Transport
+
+log = logging.getLogger("plinth.fl.server")
+
+Evaluate = Callable[[NDArrays], tuple[float, Metrics]]
+
+
+@dataclass(slots=True)
+class RoundRecord:
+    round: int
+    accuracy: float | None
+    loss: float | None
+    seconds: float
+    bytes_up: int
+    bytes_down: int
+    clients: list[str]
+    updates: int
+    failures: list[dict[str, Any]] = field(default_factory=list)
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+def eligible(clients: list[ClientInfo], rule: EligibilitySpec) -> list[ClientInfo]:
+    """Clients that satisfy the eligibility rule (enough examples, required properties)."""
+    out = []
+    for c in clients:
+        if float(c.properties.get("num_examples", rule.min_examples)) < rule.min_examples:
+            continue
+        if any(c.properties.get(k) != v for k, v in rule.require.items()):
+            continue
+        out.append(c)
+    return out
+
+
+def select(clients: list[ClientInfo], *, fraction: float, min_clients: int,
+           rng: np.random.Generator) -> list[str]:
+    """⌈fraction·n⌉ clients (at least `min_clients`, at most n), drawn without replacement."""
+    n = len(clients)
+    k = min(n, max(min_clients, math.ceil(fraction * n)))
+    ids = sorted(c.cid for c in clients)
+    return [ids[i] for i in sorted(rng.choice(n, size=k, replace=False))]
+
+
+class Server:
+    def __init__(self, strategy: Strategy, transport: Transport, cfg: ServerSpec, *,
+                 seed: int = 0, evaluate: Evaluate | None = None,
+                 checkpoint: Checkpointer | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.strategy, self.transport, self.cfg = strategy, transport, cfg
+        self.seed, self.evaluate, self.checkpoint, self.clock = seed, evaluate, checkpoint, clock
+        self.records: list[RoundRecord] = []
+        self.template: list[tuple[tuple[int, ...], np.dtype]] = []
+        self.start_round = 1
+
+    # -- setup ----------------------------------------------------------------------------------
+
+    def initialize(self, parameters: NDArrays, *, resume: bool = False) -> None:
+        """Start from `parameters`, or from the newest checkpoint when `resume` is set."""
+        self.strategy.initialize(parameters)
+        self.template = [(tuple(p.shape), p.dtype) for p in self.strategy.parameters]
+        if resume and self.checkpoint is not None:
+            got = self.checkpoint.latest()
+            if got is not None:
+                self.strategy.initialize(got.parameters)
+                self.strategy.load_state(got.state)
+                self.records = [RoundRecord(**r) for r in got.records]
+                self.start_round = got.round + 1
+                log.info("resumed after round %d", got.round)
+
+    # -- running --------------------------------------------------------------------------------
+
+    def run(self, rounds: int, on_round: Callable[[RoundRecord], None] | None = None
+            ) -> list[RoundRecord]:
+        if not self.template:
+            raise PlinthError("server: initialize() must be called before run()")
+        if self.strategy.asynchronous:
+            self._run_async(rounds, on_round)
+        else:
+            for r in range(self.start_round, rounds + 1):
+                rec = self.fit_round(r)
+                self._finish(r, rec, on_round)
+        return self.records
+
+    def _available(self) -> list[ClientInfo]:
+        need = max(self.cfg.min_available, self.cfg.min_clients)
+        if not self.transport.wait_for(need, self.cfg.wait_timeout):
+            have = len(self.transport.clients())
+            raise PlinthError(f"server: only {have} clients joined within "
+                              f"{self.cfg.wait_timeout:g}s; server.min_available and "
+                              f"server.min_clients need {need}")
+        pool = eligible(self.transport.clients(), self.cfg.eligibility)
+        if len(pool) < self.cfg.min_clients:
+            raise PlinthError(f"server: {len(pool)} eligible clients, server.min_clients is "
+                              f"{self.cfg.min_clients} (see server.eligibility)")
+        return pool
+
+    def _decode(self, cid: str, fut: Future, version: int, failures: list[Failure],
+                staleness_of: Callable[[int], int] | None = None
+                ) -> tuple[int, tuple[NDArrays, int, int] | None]:
+        """A reply's size and its (dense delta, examples, staleness), or None if it failed;
+        every problem becomes a `Failure`."""
+        try:
+            reply = fut.result()
+        except Exception as e:  # noqa: BLE001 - a lost worker or connection is data
+            failures.append(Failure(cid, version, "lost", f"{type(e).__name__}: {e}"))
+            return 0, None
+        try:
+            res = serde.decode(reply, expect=FitRes)
+            if isinstance(res, ErrorRes):
+                failures.append(Failure(cid, version, "error", res.message))
+                return len(reply), None
+            if staleness_of is None and res.round != version:
+                raise UpdateRejected(f"update for round {res.round} arrived in round {version}")
+            staleness = 0 if staleness_of is None else staleness_of(res.round)
+            delta = decompress(res.update, res.codec, res.codec_meta, self.template)
+            return len(reply), (delta, res.num_examples, staleness)
+        except PlinthError as e:
+            self._reject(cid, version, str(e), failures)
+            return len(reply), None
+
+    def _reject(self, cid: str, version: int, why: str, failures: list[Failure]) -> None:
+        log.warning("client %s rejected in round %d: %s", cid, version, why)
+        failures.append(Failure(cid, version, "rejected", why))
+
+    def _fold(self, cid: str, fut: Future, acc: Any, version: int, failures: list[Failure],
+              staleness_of: Callable[[int], int] | None = None) -> int:
+        """Decode one reply and fold it at once; returns the reply's size."""
+        size, item = self._decode(cid, fut, version, failures, staleness_of)
+        if item is not None:
+            try:
+                self.strategy.accept(acc, *item)
+            except PlinthError as e:
+                self._reject(cid, version, str(e), failures)
+        return size
+
+    def _fold_batch(self, batch: list[tuple[str, Future]], acc: Any, version: int,
+                    failures: list[Failure]) -> int:
+        """Replies that completed together are folded in one sweep (`add_many`): each chunk of
+        the accumulator is then read and written once for all of them."""
+        size, cids, items = 0, [], []
+        for cid, fut in batch:
+            n, item = self._decode(cid, fut, version, failures)
+            size += n
+            if item is not None:
+                cids.append(cid)
+                items.append(item)
+        for j, why in self.strategy.accept_many(acc, items):
+            self._reject(cids[j], version, why, failures)
+        return size
+
+    def fit_round(self, r: int) -> RoundRecord:
+        t0 = self._round_t0 = self.clock()
+        rng = np.random.default_rng([self.seed, r])
+        chosen = select(self._available(), fraction=self.cfg.fraction,
+                        min_clients=self.cfg.min_clients, rng=rng)
+        payload = serde.encode(FitIns(r, self.strategy.parameters, self.strategy.fit_config(r)))
+        futures = {self.transport.submit(cid, payload): cid for cid in chosen}
+        acc = self.strategy.begin(r)
+        failures: list[Failure] = []
+        up = 0
+        deadline = t0 + self.cfg.straggler_timeout
+        pending = set(futures)
+        while pending:
+            left = deadline - self.clock()
+            if left <= 0:
+                break
+            done, pending = wait(pending, timeout=left, return_when=FIRST_COMPLETED)
+            up += self._fold_batch(sorted(((futures[f], f) for f in done),
+                                          key=lambda x: x[0]), acc, r, failures)
+        for f in pending:
+            f.cancel()
+            failures.append(Failure(futures[f], r, "timeout",
+                                    f"no reply within {self.cfg.straggler_timeout:g}s"))
+        _, metrics = self.strategy.aggregate_fit(r, acc, failures)
+        acc.close()
+        return RoundRecord(r, None, None, 0.0, up, len(payload) * len(chosen), chosen,
+                           int(metrics.get("updates", 0)), [asdict(f) for f in failures],
+                           metrics)
+
+    def federated_evaluate(self, r: int, clients: list[str]) -> tuple[float, Metrics]:
+        """Evaluate on the clients' own data (when the server holds no test set)."""
+        if not clients:
+            return float("nan"), {}
+        payload = serde.encode(EvaluateIns(r, self.strategy.parameters, {}))
+        futures = {self.transport.submit(cid, payload): cid for cid in clients}
+        done, pending = wait(futures, timeout=self.cfg.straggler_timeout)
+        results, failures = [], []
+        for f in pending:
+            f.cancel()
+            failures.append(Failure(futures[f], r, "timeout", "no evaluation reply"))
+        for f in done:
+            try:
+                res = serde.decode(f.result(), expect=EvaluateRes)
+                if isinstance(res, ErrorRes):
+                    failures.append(Failure(futures[f], r, "error", res.message))
+                elif res.round != r or not math.isfinite(res.loss):
+                    failures.append(Failure(futures[f], r, "rejected", "bad evaluation reply"))
+                else:
+                    results.append(res)
+            except Exception as e:  # noqa: BLE001 - a lost client or corrupt reply is data
+                failures.append(Failure(futures[f], r, "lost", f"{type(e).__name__}: {e}"))
+        return self.strategy.aggregate_evaluate(r, results, failures)
+
+    def _finish(self, r: int, rec: RoundRecord, on_round: Callable | None) -> None:
+        if r % self.cfg.evaluate_every == 0:
+            if self.evaluate is not None:
+                loss, m = self.evaluate(self.strategy.parameters)
+            else:
+                loss, m = self.federated_evaluate(r, rec.clients)
+            rec.loss, rec.accuracy = float(loss), m.get("accuracy")
+        rec.seconds = self.clock() - self._round_t0
+        self.records.append(rec)
+        if self.checkpoint is not None:
+            self.checkpoint.save(r, self.strategy.parameters, self.strategy.state(), asdict(rec))
+        self._round_t0 = self.clock()
+        if on_round is not None:
+            on_round(rec)
+
+    _round_t0: float = 0.0
+
+    def _run_async(self, rounds: int, on_round: Callable | None) -> None:
+        """Keep `concurrency` clients busy; step the model whenever the strategy is ready."""
+        version = self.start_round - 1
+        rng = np.random.default_rng([self.seed, version, 7])
+        pool = self._available()
+        ids = sorted(c.cid for c in pool)
+        in_flight: dict[Future, tuple[str, int, float]] = {}
+        payloads: dict[int, bytearray] = {}
+        failures: list[Failure] = []
+        acc = self.strategy.begin(version + 1)
+        up = down = 0
+        self._round_t0 = self.clock()
+        busy: set[str] = set()
+
+        def dispatch() -> int:
+            nonlocal down
+            idle = [c for c in ids if c not in busy]
+            while len(in_flight) < self.cfg.concurrency and idle:
+                cid = idle.pop(int(rng.integers(len(idle))))
+                if version not in payloads:
+                    payloads.clear()
+                    payloads[version] = serde.encode(FitIns(version, self.strategy.parameters,
+                                                            self.strategy.fit_config(version)))
+                in_flight[self.transport.submit(cid, payloads[version])] = (cid, version,
+                                                                            self.clock())
+                busy.add(cid)
+                down += len(payloads[version])
+            return down
+
+        dispatch()
+        while version < rounds and in_flight:
+            done, _ = wait(set(in_flight), timeout=1.0, return_when=FIRST_COMPLETED)
+            now = self.clock()
+            for f in list(in_flight):
+                cid, started, t_sent = in_flight[f]
+                if f in done:
+                    up += self._fold(cid, f, acc, started, failures,
+                                     staleness_of=lambda v, now_v=version: now_v - v)
+                elif now - t_sent > self.cfg.straggler_timeout:
+                    f.cancel()
+                    failures.append(Failure(cid, started, "timeout", "no reply within "
+                                            f"{self.cfg.straggler_timeout:g}s"))
+                else:
+                    continue
+                del in_flight[f]
+                busy.discard(cid)
+                if acc.count and self.strategy.ready(acc):
+                    version += 1
+                    _, metrics = self.strategy.aggregate_fit(version, acc, failures)
+                    rec = RoundRecord(version, None, None, 0.0, up, down, [], acc.count,
+                                      [asdict(x) for x in failures], metrics)
+                    acc.close()
+                    acc = self.strategy.begin(version + 1)
+                    failures, up, down = [], 0, 0
+                    self._finish(version, rec, on_round)
+                    if version >= rounds:
+                        break
+            dispatch()
+        for f in in_flight:
+            f.cancel()
+        acc.close()

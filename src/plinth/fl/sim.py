@@ -1,0 +1,153 @@
+"""`plinth fl sim`: a whole federation on one machine, with the real server code.
+
+Virtual clients run in a process pool (`PoolTransport`); every message goes through `serde` as
+bytes, so the byte counts are those a network would carry. The server evaluates the global model
+on the held-out test set after each round.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from plinth.fl.app import AppSpec, load_app, load_code
+from plinth.fl.checkpoint import Checkpointer
+from plinth.fl.data import client_partitions, load_source
+from plinth.fl.messages import Metrics, NDArrays
+from plinth.fl.server import RoundRecord, Server
+from plinth.fl.strategies import make_strategy
+from plinth.fl.transport.inproc import PoolTransport
+
+
+def initial_model(spec: AppSpec) -> tuple[Any, NDArrays]:
+    """The app's model, initialised from the app's seed, and its parameters."""
+    import torch
+
+    from plinth.fl.torch_client import get_parameters
+
+    code = load_code(spec)
+    torch.manual_seed(spec.seed)
+    model = code.make_model(spec)
+    return model, get_parameters(model)
+
+
+def central_evaluator(spec: AppSpec, model: Any) -> Callable[[NDArrays], tuple[float, Metrics]]:
+    from plinth.fl.torch_client import evaluate_model, set_parameters
+
+    _, test = load_source(spec.data, spec.seed)
+
+    def evaluate(params: NDArrays) -> tuple[float, Metrics]:
+        set_parameters(model, params)
+        loss, acc = evaluate_model(model, test)
+        return loss, {"accuracy": acc}
+
+    return evaluate
+
+
+def summary(spec: AppSpec, records: list[RoundRecord], clients: int) -> dict[str, Any]:
+    rounds = [{"round": r.round, "accuracy": r.accuracy, "loss": r.loss,
+               "seconds": round(r.seconds, 4), "bytes_up": r.bytes_up,
+               "bytes_down": r.bytes_down, "updates": r.updates,
+               "failures": len(r.failures)} for r in records]
+    accs = [r.accuracy for r in records if r.accuracy is not None]
+    return {"app": spec.name, "strategy": spec.strategy.name, "clients": clients,
+            "compression": spec.compression.kind,
+            "partition": spec.data.partition, "rounds": rounds,
+            "final_accuracy": accs[-1] if accs else None,
+            "best_accuracy": max(accs) if accs else None,
+            "bytes_up": [r.bytes_up for r in records],
+            "bytes_down": [r.bytes_down for r in records],
+            "total_bytes_up": sum(r.bytes_up for r in records),
+            "total_bytes_down": sum(r.bytes_down for r in records),
+            "total_seconds": round(sum(r.seconds for r in records), 3)}
+
+
+def plot(result: dict[str, Any], out: str | Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    rs = result["rounds"]
+    x = [r["round"] for r in rs]
+    paths = []
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3.6))
+    nan = float("nan")
+    a1.plot(x, [nan if r["accuracy"] is None else r["accuracy"] for r in rs], marker=".")
+    a1.set(xlabel="round", ylabel="test accuracy", title=f"{result['app']} · {result['strategy']}")
+    a2.plot(x, [nan if r["loss"] is None else r["loss"] for r in rs], marker=".",
+            color="tab:red")
+    a2.set(xlabel="round", ylabel="test loss")
+    fig.tight_layout()
+    paths.append(out / "accuracy.png")
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+    fig, ax = plt.subplots(figsize=(5, 3.6))
+    ax.bar(x, [r["bytes_up"] / 1e6 for r in rs], label="up")
+    ax.bar(x, [r["bytes_down"] / 1e6 for r in rs], bottom=[r["bytes_up"] / 1e6 for r in rs],
+           label="down")
+    ax.set(xlabel="round", ylabel="MB", title="bytes per round")
+    ax.legend()
+    fig.tight_layout()
+    paths.append(out / "bytes.png")
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+    return paths
+
+
+def run_sim(app_path: str, *, clients: int, rounds: int | None = None,
+            workers: int | None = None, resume: bool = False,
+            overrides: dict[str, Any] | None = None,
+            on_round: Callable[[RoundRecord], None] | None = None,
+            on_start: Callable[[AppSpec, int], None] | None = None) -> dict[str, Any]:
+    """Run a simulated federation; returns the summary that `--json` writes."""
+    ov = {**(overrides or {}), "data.clients": clients, "server.rounds": rounds}
+    spec = load_app(app_path, ov)
+    ov = {k: v for k, v in ov.items() if v is not None}
+    model, params = initial_model(spec)
+    train, _ = load_source(spec.data, spec.seed)
+    sizes = [len(p) for p in client_partitions(spec.data, train, clients, spec.seed)]
+    del train
+    strategy = make_strategy(spec.strategy.name, spec.strategy.options,
+                             threads=spec.server.aggregation_threads)
+    ckpt = Checkpointer(spec.resolve(spec.checkpoint_dir)) if spec.checkpoint_dir else None
+    with tempfile.TemporaryDirectory(prefix="plinth-fl-") as tmp:
+        state_dir = str(Path(ckpt.dir) / "clients") if ckpt else tmp
+        Path(state_dir).mkdir(parents=True, exist_ok=True)
+        transport = PoolTransport(app_path, ov, clients, sizes, workers=workers,
+                                  state_dir=state_dir)
+        try:
+            server = Server(strategy, transport, spec.server, seed=spec.seed,
+                            evaluate=central_evaluator(spec, model)
+                            if spec.server.evaluate == "central" else None, checkpoint=ckpt)
+            server.initialize(params, resume=resume)
+            if on_start is not None:
+                on_start(spec, server.start_round)
+            records = server.run(spec.server.rounds, on_round)
+        finally:
+            transport.close()
+            if ckpt is not None:
+                ckpt.close()
+    return summary(spec, records, clients)
+
+
+def write_json(result: dict[str, Any], path: str | Path) -> None:
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(json.dumps(result, indent=1, default=_jsonable))
+
+
+def _jsonable(o: Any) -> Any:
+    if isinstance(o, np.generic):
+        return o.item()
+    if hasattr(o, "__dataclass_fields__"):
+        return asdict(o)
+    raise TypeError(f"cannot write {type(o).__name__} as JSON")

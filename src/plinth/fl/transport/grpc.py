@@ -1,0 +1,364 @@
+"""gRPC transport: clients pull tasks and push results as streams of chunks.
+
+No protoc step: the service is three methods registered with grpc's generic handlers, and every
+frame is plain bytes (the serde buffer, cut into `chunk_size` pieces). A multi-GB model therefore
+never becomes one huge gRPC message. Clients dial out to the server (so they may sit behind NAT):
+
+- ``Join``  (unary)          client → its id and properties; server → the chunk size.
+- ``Pull``  (server stream)  a JSON header frame, then the task's chunks; or a header saying
+                             "nothing yet" (after a long poll) or "shut down".
+- ``Push``  (client stream)  a JSON header frame naming the task, then the reply's chunks.
+
+TLS uses the server's certificate and key; clients pin a CA. Per-client tokens come from a file of
+``client_id token`` lines; a client proves its id with ``authorization: Bearer <token>``.
+"""
+
+from __future__ import annotations
+
+import hmac
+import itertools
+import json
+import logging
+import queue
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from plinth.core.errors import PlinthError, SpecError
+from plinth.fl import serde
+from plinth.fl.messages import ClientInfo
+
+log = logging.getLogger("plinth.fl.grpc")
+
+SERVICE = "plinth.fl.Fleet"
+POLL_SECONDS = 2.0
+MAX_MESSAGE = 64 << 30  # refuse pushes announcing more than 64 GiB
+
+
+def parse_address(address: str, what: str = "--server", *, any_port: bool = False
+                  ) -> tuple[str, int]:
+    """``HOST:PORT`` (IPv6 as ``[::1]:PORT``) or a one-line `SpecError` naming `what`.
+
+    `any_port` admits port 0 (listen on a free port).
+    """
+    host, sep, port = address.rpartition(":")
+    low = 0 if any_port else 1
+    if not sep or not host or not port.isdigit() or not low <= int(port) < 65536:
+        raise SpecError(f"{what}: expected HOST:PORT with a port {low}-65535, got {address!r}")
+    return host, int(port)
+
+
+def load_tokens(path: str) -> dict[str, str]:
+    """token → client id, from lines ``client_id token`` (``#`` starts a comment)."""
+    out: dict[str, str] = {}
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError as e:
+        raise SpecError(f"transport.tokens: cannot read {path} ({e.strerror})") from None
+    for n, line in enumerate(lines, 1):
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        parts = line.split()
+        if len(parts) != 2:
+            raise SpecError(f"{path}:{n}: expected 'client_id token'")
+        out[parts[1]] = parts[0]
+    return out
+
+
+def _read(path: str | None, what: str) -> bytes | None:
+    if path is None:
+        return None
+    try:
+        return Path(path).read_bytes()
+    except OSError as e:
+        raise SpecError(f"{what}: cannot read {path} ({e.strerror})") from None
+
+
+@dataclass(slots=True)
+class _Task:
+    id: int
+    payload: bytes | bytearray
+    future: Future
+
+
+@dataclass(slots=True)
+class _Peer:
+    info: ClientInfo
+    tasks: queue.Queue = field(default_factory=queue.Queue)
+    last_seen: float = 0.0
+
+
+class GrpcTransport:
+    """The server end. `submit` queues a task for one client; its future gets the reply bytes."""
+
+    def __init__(self, address: str, *, tokens: dict[str, str] | None = None,
+                 cert: bytes | None = None, key: bytes | None = None,
+                 chunk_size: int = 1 << 20, workers: int = 32,
+                 liveness: float = 4 * POLL_SECONDS) -> None:
+        host, port = parse_address(address, "--address", any_port=True)
+        self.tokens, self.chunk_size, self.liveness = tokens, chunk_size, liveness
+        self._peers: dict[str, _Peer] = {}
+        self._pending: dict[int, tuple[str, Future]] = {}
+        self._ids = itertools.count(1)
+        self._lock = threading.Condition()
+        self._closing = False
+        self._told: set[str] = set()
+        opts = [("grpc.max_receive_message_length", chunk_size + (1 << 16)),
+                ("grpc.max_send_message_length", chunk_size + (1 << 16))]
+        self._server = grpc.server(ThreadPoolExecutor(workers), options=opts)
+        handlers = {
+            "Join": grpc.unary_unary_rpc_method_handler(self._join),
+            "Pull": grpc.unary_stream_rpc_method_handler(self._pull),
+            "Push": grpc.stream_unary_rpc_method_handler(self._push),
+        }
+        self._server.add_generic_rpc_handlers(
+            (grpc.method_handlers_generic_handler(SERVICE, handlers),))
+        target = f"{host}:{port}"
+        if cert is not None and key is not None:
+            creds = grpc.ssl_server_credentials([(key, cert)])
+            self.port = self._server.add_secure_port(target, creds)
+        else:
+            self.port = self._server.add_insecure_port(target)
+        if self.port == 0:
+            raise PlinthError(f"--address: cannot listen on {target}")
+        self._server.start()
+
+    # -- authentication -------------------------------------------------------------------------
+
+    def _who(self, context: grpc.ServicerContext, claimed: str) -> str:
+        if self.tokens is None:
+            return claimed
+        md = dict(context.invocation_metadata())
+        auth = str(md.get("authorization", ""))
+        token = auth.removeprefix("Bearer ").strip()
+        for known, cid in self.tokens.items():
+            if hmac.compare_digest(known.encode(), token.encode()):
+                if claimed and claimed != cid:
+                    context.abort(grpc.StatusCode.PERMISSION_DENIED,
+                                  f"token belongs to {cid!r}, not {claimed!r}")
+                return cid
+        context.abort(grpc.StatusCode.UNAUTHENTICATED, "unknown or missing client token")
+        raise AssertionError  # abort raises
+
+    # -- RPC handlers ---------------------------------------------------------------------------
+
+    def _join(self, request: bytes, context: grpc.ServicerContext) -> bytes:
+        try:
+            hello = json.loads(request)
+            claimed, props = str(hello.get("client_id") or ""), dict(hello.get("properties", {}))
+        except (ValueError, AttributeError, TypeError):
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "Join: request is not JSON")
+            raise
+        cid = self._who(context, claimed)
+        if not cid:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "Join: client_id is required")
+        with self._lock:
+            peer = self._peers.get(cid)
+            if peer is None:
+                peer = self._peers[cid] = _Peer(ClientInfo(cid, props))
+            peer.info.properties = props
+            peer.last_seen = time.monotonic()
+            self._lock.notify_all()
+        log.info("client %s joined", cid)
+        return json.dumps({"client_id": cid, "chunk_size": self.chunk_size}).encode()
+
+    def _pull(self, request: bytes, context: grpc.ServicerContext) -> Iterator[bytes]:
+        cid = self._who(context, json.loads(request).get("client_id", ""))
+        with self._lock:
+            peer = self._peers.get(cid)
+            if peer is not None:
+                peer.last_seen = time.monotonic()
+        if peer is None:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"client {cid!r} has not joined")
+        if self._closing:
+            yield json.dumps({"shutdown": True}).encode()
+            return
+        deadline = time.monotonic() + POLL_SECONDS
+        while True:
+            try:
+                task = peer.tasks.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                yield json.dumps({"shutdown": self._closing, "wait": True}).encode()
+                return
+            if task.id < 0:  # the server is closing: tell this client at once
+                yield json.dumps({"shutdown": True}).encode()
+                with self._lock:
+                    self._told.add(cid)
+                    self._lock.notify_all()
+                return
+            if task.future.set_running_or_notify_cancel():
+                break  # a task the server cancelled (straggler timeout) is dropped here
+        yield json.dumps({"task": task.id, "total": len(task.payload)}).encode()
+        sent = False
+        try:
+            yield from serde.chunks(task.payload, self.chunk_size)
+            sent = True
+        finally:
+            if not sent:  # the client went away mid-stream (GeneratorExit): a lost task
+                self._resolve(task.id, error="stream to client broke")
+
+    def _push(self, frames: Iterator[bytes], context: grpc.ServicerContext) -> bytes:
+        try:
+            head = json.loads(next(frames))
+            task_id, total = int(head["task"]), int(head["total"])
+        except (StopIteration, ValueError, KeyError, TypeError):
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "Push: first frame must be a header")
+            raise
+        cid = self._who(context, str(head.get("client_id", "")))
+        with self._lock:
+            owner = self._pending.get(task_id)
+            if cid in self._peers:
+                self._peers[cid].last_seen = time.monotonic()
+        if owner is None or owner[0] != cid:
+            context.abort(grpc.StatusCode.NOT_FOUND, f"Push: no open task {task_id} for {cid!r}")
+        if not 0 <= total <= MAX_MESSAGE:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"Push: bad size {total}")
+        try:
+            body = serde.join(frames, total)
+        except serde.SerdeError as e:
+            self._resolve(task_id, error=str(e))
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+            raise
+        self._resolve(task_id, body=body)
+        return b"{}"
+
+    def _resolve(self, task_id: int, *, body: bytearray | None = None, error: str = "") -> None:
+        with self._lock:
+            got = self._pending.pop(task_id, None)
+        if got is None or got[1].done():
+            return
+        if body is not None:
+            got[1].set_result(body)
+        else:
+            got[1].set_exception(PlinthError(error))
+
+    # -- Transport ------------------------------------------------------------------------------
+
+    def clients(self) -> list[ClientInfo]:
+        now = time.monotonic()
+        with self._lock:
+            return [p.info for p in self._peers.values() if now - p.last_seen <= self.liveness]
+
+    def wait_for(self, n: int, timeout: float) -> bool:
+        end = time.monotonic() + timeout
+        with self._lock:
+            while len(self.clients()) < n:
+                left = end - time.monotonic()
+                if left <= 0:
+                    return False
+                self._lock.wait(min(left, 0.5))
+        return True
+
+    def submit(self, cid: str, payload: bytes | bytearray) -> Future:
+        fut: Future = Future()
+        task = _Task(next(self._ids), payload, fut)
+        with self._lock:
+            peer = self._peers.get(cid)
+            if peer is None:
+                fut.set_exception(PlinthError(f"client {cid!r} is not connected"))
+                return fut
+            self._pending[task.id] = (cid, fut)
+        peer.tasks.put(task)
+        return fut
+
+    def close(self, grace: float = POLL_SECONDS + 1) -> None:
+        """Tell every client to shut down (waking their polls), then stop serving."""
+        self._closing = True
+        with self._lock:
+            live = {p.info.cid for p in self._peers.values()
+                    if time.monotonic() - p.last_seen <= self.liveness}
+            for peer in self._peers.values():
+                peer.tasks.put(_Task(-1, b"", Future()))
+            end = time.monotonic() + grace
+            while not live <= self._told and time.monotonic() < end:
+                self._lock.wait(0.1)
+            for _, fut in self._pending.values():
+                fut.cancel()
+            self._pending.clear()
+        self._server.stop(grace=0.5).wait()
+
+
+class GrpcClient:
+    """The client end: join, then pull tasks, hand each to `handle`, push the reply back."""
+
+    def __init__(self, address: str, *, client_id: str, token: str | None = None,
+                 ca: bytes | None = None, properties: dict[str, Any] | None = None,
+                 chunk_size: int = 1 << 20, connect_timeout: float = 30.0) -> None:
+        parse_address(address)
+        self.client_id, self.properties = client_id, properties or {}
+        self.metadata = [("authorization", f"Bearer {token}")] if token else []
+        self.chunk_size, self.connect_timeout = chunk_size, connect_timeout
+        opts = [("grpc.max_receive_message_length", chunk_size + (1 << 16)),
+                ("grpc.max_send_message_length", chunk_size + (1 << 16))]
+        if ca is not None:
+            self.channel = grpc.secure_channel(address, grpc.ssl_channel_credentials(ca), opts)
+        else:
+            self.channel = grpc.insecure_channel(address, opts)
+        self.address = address
+        self._join = self.channel.unary_unary(f"/{SERVICE}/Join")
+        self._pull = self.channel.unary_stream(f"/{SERVICE}/Pull")
+        self._push = self.channel.stream_unary(f"/{SERVICE}/Push")
+
+    def _call_error(self, e: grpc.RpcError, what: str) -> PlinthError:
+        code = e.code() if hasattr(e, "code") else None
+        detail = e.details() if hasattr(e, "details") else str(e)
+        return PlinthError(f"{what} {self.address}: {getattr(code, 'name', code)}: {detail}")
+
+    def join(self) -> dict[str, Any]:
+        hello = json.dumps({"client_id": self.client_id, "properties": self.properties}).encode()
+        try:
+            reply = self._join(hello, metadata=self.metadata, wait_for_ready=True,
+                               timeout=self.connect_timeout)
+        except grpc.RpcError as e:
+            raise self._call_error(e, "--server: cannot join") from None
+        info = json.loads(reply)
+        self.client_id = info["client_id"]
+        return info
+
+    def serve(self, handle: Any, stop: threading.Event | None = None) -> int:
+        """Run tasks until the server says to shut down; returns how many were run."""
+        self.join()
+        ran = 0
+        req = json.dumps({"client_id": self.client_id}).encode()
+        while stop is None or not stop.is_set():
+            try:
+                frames = iter(self._pull(req, metadata=self.metadata, wait_for_ready=True,
+                                         timeout=POLL_SECONDS * 5 + self.connect_timeout))
+                head = json.loads(next(frames))
+                if head.get("shutdown"):
+                    break
+                if head.get("wait"):
+                    continue
+                payload = serde.join(frames, int(head["total"]))
+            except grpc.RpcError as e:
+                if e.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED,
+                                    grpc.StatusCode.FAILED_PRECONDITION):
+                    raise self._call_error(e, "--server: lost") from None
+                # A server that finishes says so; one that vanished may be restarting with
+                # --resume (and then does not know us yet): join again, waiting up to
+                # connect_timeout for it.
+                try:
+                    self.join()
+                except PlinthError:
+                    if ran:
+                        break
+                    raise
+                continue
+            reply = handle(payload)
+            header = json.dumps({"task": head["task"], "total": len(reply),
+                                 "client_id": self.client_id}).encode()
+            try:
+                self._push(itertools.chain([header], serde.chunks(reply, self.chunk_size)),
+                           metadata=self.metadata, timeout=600)
+            except grpc.RpcError as e:
+                log.warning("push of task %s failed: %s", head["task"], e)
+            ran += 1
+        self.channel.close()
+        return ran

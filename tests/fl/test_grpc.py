@@ -1,0 +1,178 @@
+"""Real gRPC on 127.0.0.1: chunked streams, TLS, per-client tokens, separate processes."""
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from plinth.core.errors import PlinthError, SpecError
+from plinth.fl.app import ServerSpec
+from plinth.fl.client import ClientRunner
+from plinth.fl.server import Server
+from plinth.fl.strategies import make_strategy
+from plinth.fl.transport.grpc import GrpcClient, GrpcTransport, load_tokens, parse_address
+
+APPS = Path(__file__).parent / "apps"
+
+
+class Step:
+    def __init__(self, step):
+        self.step = step
+
+    def fit(self, params, config):
+        return [p + self.step for p in params], 10, {}
+
+    def evaluate(self, params, config):
+        return 0.0, 1, {}
+
+
+def test_server_and_clients_over_tls_with_tokens_and_many_chunks(tls_files):
+    cert, key = (tls_files / "cert.pem").read_bytes(), (tls_files / "key.pem").read_bytes()
+    tokens = {"tok-a": "a", "tok-b": "b"}
+    transport = GrpcTransport("127.0.0.1:0", tokens=tokens, cert=cert, key=key,
+                              chunk_size=64 * 1024)
+    addr = f"localhost:{transport.port}"
+    x0 = [np.zeros((400, 500), np.float32), np.zeros(10, np.float32)]  # 800 kB: 13 chunks
+    threads = []
+    counts = {}
+    for cid, tok, step in (("a", "tok-a", 1.0), ("b", "tok-b", 3.0)):
+        c = GrpcClient(addr, client_id=cid, token=tok, ca=cert, chunk_size=64 * 1024)
+        th = threading.Thread(target=lambda c=c, s=step, cid=cid: counts.__setitem__(
+            cid, c.serve(ClientRunner(Step(s)).handle)))
+        th.start()
+        threads.append(th)
+    server = Server(make_strategy("fedavg"), transport,
+                    ServerSpec(fraction=1.0, min_clients=2, min_available=2,
+                               straggler_timeout=60, wait_timeout=60))
+    server.initialize(x0)
+    try:
+        recs = server.run(2)
+    finally:
+        transport.close()
+        for th in threads:
+            th.join(30)
+    assert [r.updates for r in recs] == [2, 2]
+    np.testing.assert_allclose(server.strategy.parameters[0], 4.0)  # two rounds of mean(1, 3)
+    assert recs[0].bytes_down > 2 * 800_000 and recs[0].bytes_up > 2 * 800_000
+    assert counts == {"a": 4, "b": 4}  # 2 fits + 2 federated evaluations each
+
+
+def test_wrong_token_and_impersonation_are_refused(tls_files):
+    cert, key = (tls_files / "cert.pem").read_bytes(), (tls_files / "key.pem").read_bytes()
+    transport = GrpcTransport("127.0.0.1:0", tokens={"tok-a": "a"}, cert=cert, key=key)
+    addr = f"127.0.0.1:{transport.port}"
+    try:
+        with pytest.raises(PlinthError, match="UNAUTHENTICATED"):
+            GrpcClient(addr, client_id="a", token="wrong", ca=cert, connect_timeout=10).join()
+        with pytest.raises(PlinthError, match="PERMISSION_DENIED"):
+            GrpcClient(addr, client_id="b", token="tok-a", ca=cert, connect_timeout=10).join()
+        assert GrpcClient(addr, client_id="a", token="tok-a", ca=cert).join()["client_id"] == "a"
+    finally:
+        transport.close(grace=0)
+
+
+def test_bad_addresses_and_token_files(tmp_path):
+    for bad in ("localhost", "host:port", "h:0", "h:70000", ":80"):
+        with pytest.raises(SpecError, match="--server: expected HOST:PORT"):
+            parse_address(bad)
+    assert parse_address("[::1]:8080") == ("[::1]", 8080)
+    f = tmp_path / "tokens"
+    f.write_text("# id token\nalice s3cret\nbob\n")
+    with pytest.raises(SpecError, match="tokens:3"):
+        load_tokens(str(f))
+
+
+def test_separate_server_and_client_processes(tmp_path, tls_files, free_port):
+    (tmp_path / "tokens").write_text("c0 token-zero\nc1 token-one\n")
+    app = tmp_path / "app.yaml"
+    tiny = (APPS / "tiny.yaml").read_text().replace("code: tiny.py", f"code: {APPS}/tiny.py")
+    app.write_text(tiny.replace("straggler_timeout: 120", "straggler_timeout: 60, wait_timeout: 60")
+                   + f"transport: {{tokens: tokens, chunk_size: 4096, tls: {{cert: "
+                   f"{tls_files}/cert.pem, key: {tls_files}/key.pem, "
+                   f"ca: {tls_files}/cert.pem}}}}\n")
+    port = free_port
+    fl = [sys.executable, "-m", "plinth.cli.main", "fl"]
+    out = tmp_path / "r.json"
+    server = subprocess.Popen([*fl, "server", str(app), "--address", f"127.0.0.1:{port}",
+                               "--json", str(out)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    clients = [subprocess.Popen([*fl, "client", str(app), "--server", f"localhost:{port}",
+                                 "--cid", str(i), "--clients", "2", "--token", tok],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+               for i, tok in enumerate(["token-zero", "token-one"])]
+    try:
+        _, s_err = server.communicate(timeout=150)
+        c_out = [c.communicate(timeout=60) for c in clients]
+    finally:
+        for p in (server, *clients):
+            if p.poll() is None:
+                p.kill()
+    assert server.returncode == 0, s_err
+    assert all(c.returncode == 0 for c in clients), c_out
+    doc = json.loads(out.read_text())
+    assert [r["updates"] for r in doc["rounds"]] == [2, 2]
+    assert doc["final_accuracy"] > 0.5
+    assert all("2 tasks done" in o for o, _ in c_out)
+
+
+def test_client_with_bad_server_address_is_one_line():
+    r = subprocess.run([sys.executable, "-m", "plinth.cli.main", "fl", "client", str(APPS / "tiny.yaml"),
+                        "--server", "nohost"],
+                       capture_output=True, text=True, timeout=60, check=False)
+    assert r.returncode == 2 and "--server: expected HOST:PORT" in r.stderr
+    assert r.stderr.strip().count("\n") == 0
+
+
+def test_killed_grpc_server_resumes_and_clients_rejoin(tmp_path, free_port):
+    app = tmp_path / "app.yaml"
+    app.write_text((APPS / "tiny.yaml").read_text().replace("code: tiny.py",
+                                                            f"code: {APPS}/tiny.py"))
+    fl = [sys.executable, "-m", "plinth.cli.main", "fl"]
+    addr = f"127.0.0.1:{free_port}"
+    ck = tmp_path / "ck"
+
+    def last_round():
+        try:
+            with sqlite3.connect(ck / "meta.sqlite") as c:
+                return c.execute("SELECT max(round) FROM rounds").fetchone()[0] or 0
+        except sqlite3.Error:
+            return 0
+
+    server = subprocess.Popen([*fl, "server", str(app), "--address", addr, "--rounds", "500",
+                               "--checkpoint", str(ck)], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, start_new_session=True)
+    clients = [subprocess.Popen([*fl, "client", str(app), "--server", addr, "--cid", str(i),
+                                 "--clients", "2"], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True) for i in range(2)]
+    try:
+        deadline = time.monotonic() + 120
+        while last_round() < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait()
+        k = last_round()
+        assert 2 <= k < 500
+        out = tmp_path / "r.json"
+        again = subprocess.run([*fl, "server", str(app), "--address", addr, "--rounds",
+                                str(k + 2), "--checkpoint", str(ck), "--resume", "--json",
+                                str(out)], capture_output=True, text=True, timeout=120,
+                               check=False)
+        c_out = [c.communicate(timeout=60) for c in clients]
+    finally:
+        for p in clients:
+            if p.poll() is None:
+                p.kill()
+    assert again.returncode == 0, again.stderr
+    ran = [line.split()[1] for line in again.stdout.splitlines() if line.startswith("round ")]
+    assert ran == [str(k + 1), str(k + 2)]
+    doc = json.loads(out.read_text())
+    assert [r["round"] for r in doc["rounds"]] == list(range(1, k + 3))
+    assert all(c.returncode == 0 for c in clients), c_out
