@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 
 import torch
 import torch.distributed as dist
@@ -61,6 +62,12 @@ def main() -> None:
     dist.barrier()
     del model
     dist.destroy_process_group()
+    # gloo's background threads can still abort the interpreter's own shutdown under load
+    # ("terminate called without an active exception", exit 134) after all the work is done;
+    # leave at once instead, with everything flushed.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

@@ -154,3 +154,15 @@ def test_any_plan_respects_memory_and_precedence(g, k, frac, algo):
     assert step.makespan_us >= critical_path_us(g) - 1e-6
     if algo != "m-topo":
         assert np.all(p.order[g.dst] >= p.order[g.src] + g.work_us[g.src] - 1e-6)
+
+
+def test_m_etf_waits_for_a_producer_even_when_its_edge_carries_no_bytes():
+    """A zero-byte edge (found by the property test above) is still a dependency: the consumer,
+    forced onto the other device by memory, starts only after its producer finishes."""
+    g = from_arrays([10.0, 1.0], [(0, 1)], out_bytes=[0, 0], param_bytes=[400, 400],
+                    act_bytes=[0, 0], temp_bytes=[0, 0], bwd_ratio=2.0)
+    devices = Devices.uniform(2, 1000)
+    for algo in ("m-etf", "m-sct"):
+        p = placer(algo)(g, devices, PCIE)
+        assert p.device[0] != p.device[1]
+        assert p.order[1] >= p.order[0] + g.work_us[0]

@@ -70,7 +70,9 @@ class _State:
                 ready_at = max(ready_at, self.finish[p])
                 continue
             extra = sent.extra(p, e, d)
-            t = self.arrived[p].get(d, 0.0)
+            # Even with nothing left to send (a zero-byte edge, or a tensor already here) the
+            # op cannot start before its input's producer has finished.
+            t = max(self.arrived[p].get(d, 0.0), self.finish[p])
             if extra > 0:
                 t0 = max(self.finish[p], self.chan_free[dp], self.chan_free[d])
                 t = max(t, t0 + self.comm.cost_us(extra))
