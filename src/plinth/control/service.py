@@ -113,6 +113,7 @@ class ControlPlane:
         self._incoming: deque[Record] = deque()  # submitted, not yet seen by the loop
         self.writer = GroupCommit(store)
         self._next_pass = 0.0  # monotonic time before which no pass starts
+        self._deadlines: dict[int, float] = {}  # running job -> when its max_runtime is up
         self._rebuild()
         self.state = ClusterState(self.cluster)
         self.pending: SortedKeyList = SortedKeyList(key=self.policy.order)
@@ -182,6 +183,8 @@ class ControlPlane:
             rec.js.status, rec.js.allocation = JobStatus.RUNNING, alloc
             rec.js.start_time = rec.js.first_start = row["start_time"]
             rec.handle = Handle.from_dict(row["handle"])
+            if rec.state is State.RUNNING and spec.max_runtime:
+                self._deadlines[rec.id] = row["start_time"] + spec.max_runtime
             if self.runtime.adopt(rec.handle):
                 self.store.add_events([Event(rec.id, "adopted", "processes still running "
                                              "(pid and start time match)")], now)
@@ -290,7 +293,9 @@ class ControlPlane:
 
     def _loop(self) -> None:
         while not self._stopping.is_set():
-            self._wake.wait(self._sleep_for())
+            with self._lock:
+                timeout = self._sleep_for()
+            self._wake.wait(timeout)
             self._wake.clear()
             if self._stopping.is_set():
                 break
@@ -304,9 +309,7 @@ class ControlPlane:
         t = now + 1.0  # runtime events also poke; this is a safety net
         if self._wake_at is not None:
             t = min(t, self._wake_at)
-        for rec in self.active.values():
-            if rec.state is State.RUNNING and rec.spec.max_runtime and rec.js.start_time:
-                t = min(t, rec.js.start_time + rec.spec.max_runtime)
+        t = min(t, min(self._deadlines.values(), default=t))
         return max(0.0, t - now)
 
     def step(self) -> None:
@@ -315,11 +318,12 @@ class ControlPlane:
             now = self.clock()
             for ev in self.runtime.poll():
                 self._on_runtime_event(ev, now)
-            for rec in list(self.active.values()):
-                limit = rec.spec.max_runtime
-                if (rec.state is State.RUNNING and limit and rec.js.start_time is not None
-                        and now - rec.js.start_time >= limit):
-                    self._stop(rec, StopReason.TIMEOUT, now, f"time limit of {limit:g} s reached")
+            # Only running jobs with a limit are looked at: a wake-up costs O(running), not
+            # O(queue), however many jobs wait.
+            for job_id in [j for j, t in self._deadlines.items() if now >= t]:
+                rec = self.active[job_id]
+                self._stop(rec, StopReason.TIMEOUT, now,
+                           f"time limit of {rec.spec.max_runtime:g} s reached")
             self._take_incoming()
             due = self._wake_at is not None and now >= self._wake_at
             if not (self._dirty or due):
@@ -379,6 +383,8 @@ class ControlPlane:
         js.first_start = js.first_start if js.first_start is not None else now
         rec.base_attained, rec.base_executed = js.attained, js.executed
         self.reasons.pop(rec.id, None)
+        if rec.spec.max_runtime:
+            self._deadlines[rec.id] = now + rec.spec.max_runtime
         try:
             rec.handle = self.runtime.launch(self._launch_spec(rec, alloc))
         except PlinthError as e:
@@ -423,6 +429,7 @@ class ControlPlane:
         self.store.transition(rec.id, State.RUNNING, State.STOPPING, now, f"stop-{why.value}",
                               message, stop_reason=why.value)
         rec.state, rec.stop_reason, rec.stop_sent = State.STOPPING, why, now
+        self._deadlines.pop(rec.id, None)
         rec.js.status = JobStatus.PENDING  # no longer a running job to the scheduler
         if rec.handle is not None:
             self.runtime.stop(rec.id, rec.attempt, self.grace_s)
@@ -459,6 +466,7 @@ class ControlPlane:
                          exit_code=code)
 
     def _release(self, rec: Record) -> None:
+        self._deadlines.pop(rec.id, None)
         js = rec.js
         if js.allocation is not None:
             self.state.release(js.allocation, js.job.request)
