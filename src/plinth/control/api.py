@@ -23,6 +23,7 @@ from plinth.control.lifecycle import TERMINAL, State
 from plinth.control.service import Conflict, ControlPlane, NotFound
 from plinth.control.spec import JobSpec
 from plinth.core.errors import PlinthError, SpecError, UnplaceableError
+from plinth.core.spec import errors_message
 
 LOG_CHUNK = 1 << 20
 MAX_ID = 2**63 - 1  # SQL BIGINT
@@ -153,12 +154,10 @@ def create_app(cp: ControlPlane, auth: Auth) -> FastAPI:
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
-        errs = exc.errors()
-        first = errs[0] if errs else {"loc": (), "msg": "invalid request"}
-        path = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
-        more = f" (and {len(errs) - 1} more)" if len(errs) > 1 else ""
-        return JSONResponse(status_code=422, content={
-            "detail": f"{path or 'request'}: {first.get('msg', 'invalid')}{more}"})
+        # The same one line as `plinth submit` prints for a bad file, without the "body" prefix.
+        errs = [{**e, "loc": tuple(p for p in e.get("loc", ()) if p != "body")}
+                for e in exc.errors()] or [{"type": "invalid", "loc": (), "msg": "invalid request"}]
+        return JSONResponse(status_code=422, content={"detail": errors_message("", errs, JobSpec)})
 
     @app.exception_handler(PlinthError)
     async def _plinth(_: Request, exc: PlinthError) -> JSONResponse:

@@ -15,6 +15,7 @@ import csv
 import os
 import re
 import typing
+from collections.abc import Sequence
 from typing import Any
 
 import yaml
@@ -189,12 +190,18 @@ def _error_text(err: dict[str, Any], root: type[BaseModel]) -> str:
 
 def validation_message(where: str, exc: ValidationError, root: type[BaseModel]) -> str:
     """One line for a pydantic error: where, the field path, and what is wrong with it."""
-    errors = exc.errors()
+    return errors_message(where, exc.errors(), root)
+
+
+def errors_message(where: str, errors: Sequence[dict[str, Any]], root: type[BaseModel]) -> str:
+    """`validation_message` for a list of pydantic error dicts (FastAPI hands these over);
+    `where` may be empty."""
     # A misspelt field also makes the real one "missing"; the typo is the error to show.
     first = min(errors, key=lambda e: e["type"] != "extra_forbidden")
     path = _loc_path(tuple(first["loc"]))
     more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-    return f"{where}: {path + ': ' if path else ''}{_error_text(first, root)}{more}"
+    head = f"{where}: " if where else ""
+    return f"{head}{path + ': ' if path else ''}{_error_text(first, root)}{more}"
 
 
 def read_yaml(path: str, what: str) -> Any:
