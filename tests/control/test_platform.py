@@ -154,3 +154,19 @@ def test_gpu_quota_is_enforced(platform, wait_for) -> None:
         c.cancel(first)
         wait_for(lambda: c.job(second)["state"] == "running", what="second after first")
         c.cancel(second)
+
+
+@pytest.mark.parametrize("policy", ["fifo", "sjf", "priority", "tiresias"])
+def test_every_platform_policy_runs_jobs(policy, tmp_path, platform_factory) -> None:
+    """drf is the default and is covered above; the other platform policies run a 2-job queue
+    on a cluster that holds one job at a time."""
+    p = platform_factory(tmp_path / "home", "--policy", policy).start()
+    try:
+        with p.client() as c:
+            assert c.health()["policy"] == policy
+            ids = [c.submit(job("echo ran", resources={"gpus": 4}, max_runtime=60))
+                   for _ in range(2)]
+            assert [c.wait(j, timeout=60) for j in ids] == ["succeeded", "succeeded"]
+    finally:
+        p.stop()
+        p.kill_jobs()
