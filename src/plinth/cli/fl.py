@@ -83,6 +83,11 @@ def _report(result: dict, json_path: str | None, out: str | None) -> None:
                   f"{result['total_bytes_up'] / 1e6:.1f} MB up, "
                   f"{result['total_bytes_down'] / 1e6:.1f} MB down, "
                   f"{result['total_seconds']:.1f} s")
+    if result.get("epsilon") is not None:
+        console.print(f"privacy: epsilon {result['epsilon']:.4f} at delta {result['delta']:g}",
+                      highlight=False)
+    if result.get("stopped"):
+        console.print(f"[bold yellow]stopped early:[/] {result['stopped']}", highlight=False)
     if json_path:
         write_json(result, json_path)
         console.print(f"results: {json_path}")

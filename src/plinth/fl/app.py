@@ -18,7 +18,7 @@ from types import ModuleType
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from plinth.core.errors import SpecError
 from plinth.fl.compress import CODECS
@@ -51,9 +51,29 @@ class TrainSpec(_Spec):
     momentum: float = Field(default=0.0, ge=0, lt=1)
 
 
+
+
+class RobustSpec(_Spec):
+    """A Byzantine-robust rule in place of the weighted mean of the round's updates.
+
+    The rule needs every update of the round at once, so the server keeps them all: memory grows
+    from one model (the streaming FedAvg engine) to n_clients models.
+    """
+
+    rule: Literal["krum", "multi_krum", "bulyan", "median", "trimmed_mean", "centered_clipping",
+                  "fltrust"]
+    f: int = Field(default=1, ge=0)  # attackers tolerated per round (krum, bulyan)
+    m: int | None = Field(default=None, ge=1)  # multi_krum: updates kept (default n - f)
+    trim: int | None = Field(default=None, ge=0)  # trimmed_mean: cut per side (default f)
+    tau: float = Field(default=1.0, gt=0)  # centered_clipping: clip radius
+    iterations: int = Field(default=3, ge=1)  # centered_clipping
+    root_examples: int = Field(default=100, ge=1)  # fltrust: the server's clean root set
+
+
 class StrategySpec(_Spec):
     name: str = "fedavg"
     options: dict[str, Any] = Field(default_factory=dict)
+    robust: RobustSpec | None = None
 
     @field_validator("name")
     @classmethod
@@ -97,6 +117,67 @@ class CompressionSpec(_Spec):
         return v
 
 
+class AttackSpec(_Spec):
+    """Simulated attackers: `fraction` of the clients (chosen from the app's seed) misbehave."""
+
+    kind: Literal["sign_flip", "scale", "gaussian", "label_flip", "backdoor"]
+    fraction: float = Field(default=0.2, ge=0, lt=1)
+    scale: float | None = Field(default=None, gt=0)  # sign_flip: -scale·Δ (1); scale: boost (10)
+    std: float = Field(default=1.0, gt=0)  # gaussian: the noise sent instead of the update
+    target: int = Field(default=0, ge=0)  # backdoor: the label the trigger maps to
+    poison_fraction: float = Field(default=0.5, gt=0, le=1)  # backdoor: share of poisoned data
+    patch: int = Field(default=3, ge=1)  # backdoor: trigger square side, in pixels
+
+
+class AdaptiveClipSpec(_Spec):
+    target_quantile: float = Field(default=0.5, gt=0, lt=1)
+    learning_rate: float = Field(default=0.2, gt=0)
+    count_noise_std: float | None = Field(default=None, gt=0)  # default: the noise multiplier
+
+
+class DPSpec(_Spec):
+    """Client-level central DP (DP-FedAvg): clip each update, Gaussian noise on the sum."""
+
+    clip: float = Field(default=1.0, gt=0)  # L2 norm each client's update is clipped to
+    noise_multiplier: float = Field(gt=0)
+    adaptive: AdaptiveClipSpec | None = None
+    delta: float = Field(default=1e-5, gt=0, lt=1)
+    epsilon_budget: float | None = Field(default=None, gt=0)
+    accountant: Literal["rdp", "pld"] = "rdp"
+    noise: Literal["numpy", "chacha"] = "numpy"  # numpy: seeded, reproducible; chacha: CSPRNG
+
+    @model_validator(mode="after")
+    def _count_noise(self) -> DPSpec:
+        a = self.adaptive
+        if a is not None and a.count_noise_std is not None \
+                and a.count_noise_std <= self.noise_multiplier / 2:
+            raise ValueError(f"adaptive.count_noise_std must be > noise_multiplier / 2 = "
+                             f"{self.noise_multiplier / 2:g} (got {a.count_noise_std:g})")
+        return self
+
+
+class SecAggSpec(_Spec):
+    """SecAgg+ for the round's sum (in-process simulation only)."""
+
+    neighbours: int | None = Field(default=None, ge=2)  # None: about 2·log2(n); full_graph: all
+    threshold: float = Field(default=0.5, gt=0, lt=1)  # Shamir threshold, fraction of neighbours
+    full_graph: bool = False
+    clip: float = Field(default=1.0, gt=0)  # each coordinate is clipped to ±clip ...
+    scale: float = Field(default=float(1 << 16), gt=0)  # ... and rounded to 1/scale
+
+
+class PrivacySpec(_Spec):
+    dp: DPSpec | None = None
+    secagg: SecAggSpec | None = None
+
+
+class ConsentSpec(_Spec):
+    purpose: str = Field(min_length=1)
+    registry: str  # SQLite file of plinth.fl.privacy.consent.ConsentRegistry
+    min_version: int = Field(default=1, ge=1)
+    task_id: str | None = None  # in the audit log; default: the app's name
+
+
 class TlsSpec(_Spec):
     cert: str | None = None  # server: its certificate chain (PEM)
     key: str | None = None  # server: its private key (PEM)
@@ -121,6 +202,9 @@ class AppSpec(_Spec):
     server: ServerSpec = Field(default_factory=ServerSpec)
     compression: CompressionSpec = Field(default_factory=CompressionSpec)
     transport: TransportSpec = Field(default_factory=TransportSpec)
+    attack: AttackSpec | None = None
+    privacy: PrivacySpec = Field(default_factory=PrivacySpec)
+    consent: ConsentSpec | None = None
     checkpoint_dir: str | None = None
     base_dir: str = "."  # set by `load_app` to the YAML's folder
 
@@ -157,7 +241,29 @@ def parse_app(doc: Any, where: str = "app", base_dir: str = ".") -> AppSpec:
         make_strategy(spec.strategy.name, spec.strategy.options)
     except SpecError as e:
         raise SpecError(f"{where}: {e}") from None
+    problem = _combination_problem(spec)
+    if problem:
+        raise SpecError(f"{where}: {problem}")
     return spec
+
+
+def _combination_problem(spec: AppSpec) -> str | None:
+    """Settings that are each valid but do not work together, as 'field: why'."""
+    asynchronous = STRATEGIES[spec.strategy.name].asynchronous
+    dp, secagg = spec.privacy.dp, spec.privacy.secagg
+    for field_name, on in (("strategy.robust", spec.strategy.robust), ("privacy.dp", dp),
+                           ("privacy.secagg", secagg), ("consent", spec.consent)):
+        if on is not None and asynchronous:
+            return (f"{field_name}: needs a synchronous strategy (rounds), not "
+                    f"{spec.strategy.name!r}")
+    if spec.strategy.robust is not None and (dp is not None or secagg is not None):
+        what = "privacy.dp" if dp is not None else "privacy.secagg"
+        return (f"strategy.robust: cannot be combined with {what} (a robust rule must see each "
+                f"update; DP and SecAgg release only a noisy or masked sum)")
+    if secagg is not None and dp is not None:
+        return ("privacy.secagg: cannot be combined with privacy.dp yet (distributed DP is a "
+                "library feature, plinth.fl.privacy.dp.distributed_noise_share)")
+    return None
 
 
 def load_app(path: str | Path, overrides: dict[str, Any] | None = None) -> AppSpec:

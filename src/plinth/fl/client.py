@@ -12,14 +12,16 @@ the user's code becomes an `ErrorRes` reply, so the server sees a failure, not a
 
 from __future__ import annotations
 
+import math
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
 
 from plinth.fl import serde
-from plinth.fl.app import AppSpec, load_code
+from plinth.fl.app import AppSpec, AttackSpec, load_code
 from plinth.fl.compress import Compressor
 from plinth.fl.data import Dataset, client_partitions, load_source
 from plinth.fl.messages import (
@@ -44,9 +46,11 @@ class ClientRunner:
     """Turns request bytes into reply bytes for one client, keeping its compressor state."""
 
     def __init__(self, client: Client, compressor: Compressor | None = None,
-                 state_path: Path | None = None) -> None:
+                 state_path: Path | None = None,
+                 tamper: Callable[[NDArrays, int], NDArrays] | None = None) -> None:
         self.client = client
         self.compressor = compressor or Compressor()
+        self.tamper = tamper  # a simulated attacker's change to its update (app `attack:`)
         # Virtual clients in a process pool may land on any worker: keep the error-feedback
         # residual in a file so it follows the client, not the process.
         self.state_path = state_path
@@ -72,6 +76,8 @@ class ClientRunner:
         delta = [_minus(np.asarray(a), np.asarray(b)) for a, b in zip(new, ins.parameters)]
         if len(new) != len(ins.parameters) or any(d is None for d in delta):
             delta = list(new)  # does not fit the model: send as is; the server rejects and logs it
+        elif self.tamper is not None:
+            delta = self.tamper(delta, ins.round)
         self._load_residual()
         arrays, codec, meta = self.compressor.encode(delta)
         self._save_residual()
@@ -112,12 +118,22 @@ class AppClients:
         self.train, self.test = load_source(spec.data, spec.seed)
         self.parts = client_partitions(spec.data, self.train, num_clients, spec.seed)
         self.state_dir = Path(state_dir) if state_dir else None
+        self.attackers: frozenset[int] = frozenset()
+        if spec.attack is not None:
+            from plinth.fl.robust.attacks import choose_attackers
+
+            rng = np.random.default_rng([spec.seed, 0xA77])
+            self.attackers = frozenset(int(i) for i in choose_attackers(
+                num_clients, spec.attack.fraction, rng))
 
     def sizes(self) -> list[int]:
         return [len(p) for p in self.parts]
 
     def client(self, cid: int) -> Client:
         train: Dataset = self.train.subset(self.parts[cid])
+        if cid in self.attackers:
+            train = poison(train, self.spec.attack, self.spec.seed * 1_000_003 + cid,
+                           num_classes=int(self.train.y.max()) + 1)
         if hasattr(self.code, "make_client"):
             return self.code.make_client(cid, train, self.test, self.spec)
         from plinth.fl.torch_client import make_default_client
@@ -134,4 +150,59 @@ class AppClients:
         path = None
         if self.state_dir is not None and c.kind == "topk" and c.error_feedback:
             path = self.state_dir / f"client_{cid}.npz"
-        return ClientRunner(self.client(cid), comp, path)
+        tamper = None
+        if cid in self.attackers:
+            tamper = update_attack(self.spec.attack, self.spec.seed * 1_000_003 + cid)
+        return ClientRunner(self.client(cid), comp, path, tamper)
+
+
+def poison(train: Dataset, attack: AttackSpec | None, seed: int, *, num_classes: int) -> Dataset:
+    """An attacker's training data: labels flipped, or a share stamped with the backdoor trigger.
+    Update attacks leave the data alone."""
+    from plinth.fl.robust import attacks
+
+    if attack is None or attack.kind not in ("label_flip", "backdoor"):
+        return train
+    if attack.kind == "label_flip":
+        y = attacks.label_flip(train.y, num_classes=num_classes).astype(train.y.dtype)
+        return Dataset(train.x, y, train.users)
+    side = trigger_side(train.x.shape[1])
+    x, y = attacks.backdoor(train.x, train.y, side=side, target=attack.target,
+                            fraction=attack.poison_fraction, rng=np.random.default_rng(seed),
+                            patch=attack.patch)
+    return Dataset(x.astype(train.x.dtype), y.astype(train.y.dtype), train.users)
+
+
+def trigger_side(features: int) -> int:
+    side = math.isqrt(features)
+    if side * side != features:
+        raise ValueError(f"attack.kind: backdoor needs square images, got {features} features")
+    return side
+
+
+def update_attack(attack: AttackSpec | None, seed: int
+                  ) -> Callable[[NDArrays, int], NDArrays] | None:
+    """What an attacker does to its honest update before upload (None: it sends it as is)."""
+    from plinth.fl.robust import attacks
+
+    if attack is None or attack.kind in ("label_flip", "backdoor"):
+        return None
+    kind = attack.kind
+
+    def tamper(delta: NDArrays, round: int) -> NDArrays:
+        rng = np.random.default_rng([seed, round])
+        out = []
+        for d in delta:
+            if not np.issubdtype(d.dtype, np.floating):
+                out.append(d)  # integer buffers (counters) stay honest
+                continue
+            if kind == "sign_flip":
+                bad = attacks.sign_flip(d, scale=attack.scale or 1.0)
+            elif kind == "scale":
+                bad = attacks.scaled_update(d, boost=attack.scale or 10.0)
+            else:
+                bad = attacks.gaussian_noise_update(d, std=attack.std, rng=rng)
+            out.append(np.ascontiguousarray(bad, dtype=d.dtype))
+        return out
+
+    return tamper

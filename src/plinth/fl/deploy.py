@@ -11,7 +11,7 @@ from plinth.fl.app import AppSpec, load_app
 from plinth.fl.checkpoint import Checkpointer
 from plinth.fl.client import AppClients
 from plinth.fl.server import RoundRecord, Server
-from plinth.fl.sim import central_evaluator, initial_model, summary
+from plinth.fl.sim import central_evaluator, initial_model, make_safeguards, summary
 from plinth.fl.strategies import make_strategy
 from plinth.fl.transport.grpc import GrpcClient, GrpcTransport, _read, load_tokens, parse_address
 
@@ -29,12 +29,18 @@ def run_server(app_path: str, *, address: str, rounds: int | None = None, resume
             raise SpecError(f"{app_path}: transport.tls: the server needs both cert and key")
         cert = _read(spec.resolve(t.tls.cert), "transport.tls.cert")
         key = _read(spec.resolve(t.tls.key), "transport.tls.key")
+    if spec.privacy.secagg is not None:
+        # the in-process driver would hand this server every plaintext update: refuse, so a
+        # deployment never believes it has secure aggregation when it has not
+        raise SpecError(f"{app_path}: privacy.secagg: runs only in `plinth fl sim` for now "
+                        f"(the gRPC transport does not carry the SecAgg+ messages yet)")
     model, params = initial_model(spec)
     strategy = make_strategy(spec.strategy.name, spec.strategy.options,
                              threads=spec.server.aggregation_threads)
     ckpt = Checkpointer(spec.resolve(spec.checkpoint_dir)) if spec.checkpoint_dir else None
     if resume and ckpt is None:
         raise SpecError("--resume needs checkpoint_dir in the app or --checkpoint")
+    guard = make_safeguards(spec)
     transport = GrpcTransport(address, tokens=tokens, cert=cert, key=key,
                               chunk_size=t.chunk_size)
     try:
@@ -42,14 +48,16 @@ def run_server(app_path: str, *, address: str, rounds: int | None = None, resume
             on_listen(spec, transport.port)
         server = Server(strategy, transport, spec.server, seed=spec.seed,
                         evaluate=central_evaluator(spec, model)
-                        if spec.server.evaluate == "central" else None, checkpoint=ckpt)
+                        if spec.server.evaluate == "central" else None, checkpoint=ckpt,
+                        safeguards=guard)
         server.initialize(params, resume=resume)
         records = server.run(spec.server.rounds, on_round)
     finally:
         transport.close()
+        guard.close()
         if ckpt is not None:
             ckpt.close()
-    return summary(spec, records, len(transport.clients()))
+    return summary(spec, records, len(transport.clients()), server.stopped)
 
 
 def run_client(app_path: str, *, server: str, cid: int, clients: int | None = None,

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -43,6 +43,9 @@ from plinth.fl.messages import (
 )
 from plinth.fl.strategies.base import Strategy
 from plinth.fl.transport import Transport
+
+if TYPE_CHECKING:
+    from plinth.fl.safeguards import Safeguards
 
 log = logging.getLogger("plinth.fl.server")
 
@@ -88,9 +91,13 @@ class Server:
     def __init__(self, strategy: Strategy, transport: Transport, cfg: ServerSpec, *,
                  seed: int = 0, evaluate: Evaluate | None = None,
                  checkpoint: Checkpointer | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 safeguards: Safeguards | None = None) -> None:
         self.strategy, self.transport, self.cfg = strategy, transport, cfg
         self.seed, self.evaluate, self.checkpoint, self.clock = seed, evaluate, checkpoint, clock
+        # robust rules, DP, SecAgg, consent (see safeguards.py); None: plain streaming rounds
+        self.safeguards = safeguards if safeguards is not None and safeguards.active else None
+        self.stopped: str | None = None  # why the task ended before its last round
         self.records: list[RoundRecord] = []
         self.template: list[tuple[tuple[int, ...], np.dtype]] = []
         self.start_round = 1
@@ -109,6 +116,8 @@ class Server:
                 self.records = [RoundRecord(**r) for r in got.records]
                 self.start_round = got.round + 1
                 log.info("resumed after round %d", got.round)
+                if self.safeguards is not None:
+                    self.safeguards.restore(self.records)
 
     # -- running --------------------------------------------------------------------------------
 
@@ -121,6 +130,9 @@ class Server:
         else:
             for r in range(self.start_round, rounds + 1):
                 rec = self.fit_round(r)
+                if rec is None:
+                    log.warning("task stopped before round %d: %s", r, self.stopped)
+                    break
                 self._finish(r, rec, on_round)
         return self.records
 
@@ -191,14 +203,25 @@ class Server:
             self._reject(cids[j], version, why, failures)
         return size
 
-    def fit_round(self, r: int) -> RoundRecord:
+    def fit_round(self, r: int) -> RoundRecord | None:
+        """One round; None when the safeguards stop the task before it (`self.stopped` says
+        why, e.g. the DP budget)."""
         t0 = self._round_t0 = self.clock()
         rng = np.random.default_rng([self.seed, r])
-        chosen = select(self._available(), fraction=self.cfg.fraction,
-                        min_clients=self.cfg.min_clients, rng=rng)
+        pool = self._available()
+        guard = self.safeguards
+        if guard is None:
+            chosen = select(pool, fraction=self.cfg.fraction, min_clients=self.cfg.min_clients,
+                            rng=rng)
+            acc = self.strategy.begin(r)
+        else:
+            chosen, self.stopped = guard.start_round(r, pool, fraction=self.cfg.fraction,
+                                                     min_clients=self.cfg.min_clients, rng=rng)
+            if self.stopped is not None:
+                return None
+            acc = guard.begin(r, self.strategy, chosen)
         payload = serde.encode(FitIns(r, self.strategy.parameters, self.strategy.fit_config(r)))
         futures = {self.transport.submit(cid, payload): cid for cid in chosen}
-        acc = self.strategy.begin(r)
         failures: list[Failure] = []
         up = 0
         deadline = t0 + self.cfg.straggler_timeout
@@ -215,6 +238,8 @@ class Server:
             failures.append(Failure(futures[f], r, "timeout",
                                     f"no reply within {self.cfg.straggler_timeout:g}s"))
         _, metrics = self.strategy.aggregate_fit(r, acc, failures)
+        if guard is not None:
+            metrics = {**metrics, **guard.end_round(r, acc, chosen, failures)}
         acc.close()
         return RoundRecord(r, None, None, 0.0, up, len(payload) * len(chosen), chosen,
                            int(metrics.get("updates", 0)), [asdict(f) for f in failures],
@@ -251,6 +276,10 @@ class Server:
             else:
                 loss, m = self.federated_evaluate(r, rec.clients)
             rec.loss, rec.accuracy = float(loss), m.get("accuracy")
+            # other evaluation metrics (e.g. a backdoor's success rate) join the round's record
+            for k, v in m.items():
+                if k != "accuracy":
+                    rec.metrics.setdefault(k, float(v))
         rec.seconds = self.clock() - self._round_t0
         self.records.append(rec)
         if self.checkpoint is not None:

@@ -20,6 +20,7 @@ from plinth.fl.app import AppSpec, load_app, load_code
 from plinth.fl.checkpoint import Checkpointer
 from plinth.fl.data import client_partitions, load_source
 from plinth.fl.messages import Metrics, NDArrays
+from plinth.fl.safeguards import Safeguards, root_trainer
 from plinth.fl.server import RoundRecord, Server
 from plinth.fl.strategies import make_strategy
 from plinth.fl.transport.inproc import PoolTransport
@@ -38,26 +39,72 @@ def initial_model(spec: AppSpec) -> tuple[Any, NDArrays]:
 
 
 def central_evaluator(spec: AppSpec, model: Any) -> Callable[[NDArrays], tuple[float, Metrics]]:
+    """Test loss and accuracy; with a backdoor attack, also the backdoor's success rate (the
+    share of triggered test images, not already of the target class, classified as the target)."""
+    import torch
+
     from plinth.fl.torch_client import evaluate_model, set_parameters
 
     _, test = load_source(spec.data, spec.seed)
+    attack = spec.attack if spec.attack is not None and spec.attack.kind == "backdoor" else None
 
     def evaluate(params: NDArrays) -> tuple[float, Metrics]:
         set_parameters(model, params)
         loss, acc = evaluate_model(model, test)
-        return loss, {"accuracy": acc}
+        metrics = {"accuracy": acc}
+        if attack is not None:
+            from plinth.fl.client import trigger_side
+            from plinth.fl.robust.attacks import backdoor_success_rate
+
+            @torch.no_grad()
+            def predict(x: np.ndarray) -> np.ndarray:
+                model.eval()
+                return model(torch.from_numpy(x.astype(test.x.dtype))).argmax(1).numpy()
+
+            metrics["backdoor_success"] = backdoor_success_rate(
+                predict, test.x, test.y, side=trigger_side(test.x.shape[1]),
+                target=attack.target, patch=attack.patch)
+        return loss, metrics
 
     return evaluate
 
 
-def summary(spec: AppSpec, records: list[RoundRecord], clients: int) -> dict[str, Any]:
+def make_safeguards(spec: AppSpec) -> Safeguards:
+    """The app's robust rule, DP, SecAgg and consent settings for a server that holds data."""
+    robust = spec.strategy.robust
+    update = root_trainer(spec) if robust is not None and robust.rule == "fltrust" else None
+    return Safeguards(spec, server_update=update)
+
+
+# per-round metrics the JSON carries when the app turns the feature on
+_ROUND_METRICS = ("epsilon", "dp_clip", "dp_clipped", "backdoor_success", "robust_selected",
+                  "secagg_survivors")
+
+
+def summary(spec: AppSpec, records: list[RoundRecord], clients: int,
+            stopped: str | None = None) -> dict[str, Any]:
     rounds = [{"round": r.round, "accuracy": r.accuracy, "loss": r.loss,
                "seconds": round(r.seconds, 4), "bytes_up": r.bytes_up,
                "bytes_down": r.bytes_down, "updates": r.updates,
-               "failures": len(r.failures)} for r in records]
+               "failures": len(r.failures), "clients": list(r.clients),
+               **{k: r.metrics[k] for k in _ROUND_METRICS if k in r.metrics}}
+              for r in records]
     accs = [r.accuracy for r in records if r.accuracy is not None]
+    extra: dict[str, Any] = {}
+    if spec.strategy.robust is not None:
+        extra["robust"] = spec.strategy.robust.rule
+    if spec.attack is not None:
+        extra["attack"] = {"kind": spec.attack.kind, "fraction": spec.attack.fraction}
+    if spec.privacy.dp is not None:
+        eps = [r.metrics["epsilon"] for r in records if "epsilon" in r.metrics]
+        extra["epsilon"] = eps[-1] if eps else 0.0
+        extra["delta"] = spec.privacy.dp.delta
+    if spec.privacy.secagg is not None:
+        extra["secagg"] = True
+    if spec.consent is not None:
+        extra["consent_purpose"] = spec.consent.purpose
     return {"app": spec.name, "strategy": spec.strategy.name, "clients": clients,
-            "compression": spec.compression.kind,
+            "compression": spec.compression.kind, **extra, "stopped": stopped,
             "partition": spec.data.partition, "rounds": rounds,
             "final_accuracy": accs[-1] if accs else None,
             "best_accuracy": max(accs) if accs else None,
@@ -124,19 +171,22 @@ def run_sim(app_path: str, *, clients: int, rounds: int | None = None,
         Path(state_dir).mkdir(parents=True, exist_ok=True)
         transport = PoolTransport(app_path, ov, clients, sizes, workers=workers,
                                   state_dir=state_dir)
+        guard = make_safeguards(spec)
         try:
             server = Server(strategy, transport, spec.server, seed=spec.seed,
                             evaluate=central_evaluator(spec, model)
-                            if spec.server.evaluate == "central" else None, checkpoint=ckpt)
+                            if spec.server.evaluate == "central" else None, checkpoint=ckpt,
+                            safeguards=guard)
             server.initialize(params, resume=resume)
             if on_start is not None:
                 on_start(spec, server.start_round)
             records = server.run(spec.server.rounds, on_round)
         finally:
             transport.close()
+            guard.close()
             if ckpt is not None:
                 ckpt.close()
-    return summary(spec, records, clients)
+    return summary(spec, records, clients, server.stopped)
 
 
 def write_json(result: dict[str, Any], path: str | Path) -> None:

@@ -1,0 +1,405 @@
+"""Round safeguards from the app spec: robust aggregation, central DP, SecAgg (simulation), consent.
+
+The server asks a `Safeguards` object three things in a synchronous round:
+
+1. `start_round`: may the round run at all (DP: not when it would exceed the ε budget; robust
+   rules: not with fewer clients than the rule needs), and who is selected (consent: only
+   clients with live consent for the purpose; every exclusion and selection is audited);
+2. `begin`: the round's accumulator. Robust rules, DP and SecAgg need every update of the round
+   at once, so they get a `CollectingAggregator`, which keeps the n updates (O(n·model) memory,
+   where the streaming FedAvg engine keeps O(model));
+3. `end_round`: metrics for the round record (ε, clip, the rule's reason) and the consent
+   participation log.
+
+The decisions themselves are the pure functions of `plinth.fl.robust` and `plinth.fl.privacy`;
+this file only feeds them the round's updates and keeps the state that spans rounds (the DP
+accountant, the adaptive clip, the centered-clipping centre).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from plinth.core.errors import PlinthError, SpecError
+from plinth.fl.aggregate.engine import UpdateRejected, check_shapes
+from plinth.fl.app import AppSpec, ConsentSpec, DPSpec, RobustSpec, SecAggSpec
+from plinth.fl.messages import ClientInfo, Failure, Metrics, NDArrays
+from plinth.fl.robust import aggregators as rules
+from plinth.fl.strategies.base import Strategy
+
+log = logging.getLogger("plinth.fl.safeguards")
+
+# vector, metrics, reason
+Reduced = tuple[np.ndarray, Metrics, str]
+Reduce = Callable[[np.ndarray, np.ndarray], Reduced]
+
+
+def flatten(arrays: NDArrays) -> np.ndarray:
+    return np.concatenate([np.asarray(a, dtype=np.float64).reshape(-1) for a in arrays])
+
+
+def unflatten(vec: np.ndarray, template: Sequence[tuple[tuple[int, ...], np.dtype]]) -> NDArrays:
+    out, s = [], 0
+    for shape, dt in template:
+        n = math.prod(shape)
+        part = vec[s:s + n].reshape(shape)
+        s += n
+        if np.issubdtype(dt, np.integer) or np.dtype(dt) == np.bool_:
+            part = np.rint(part)
+        out.append(part.astype(dt))
+    return out
+
+
+class CollectingAggregator:
+    """Keeps every update of a round, then reduces them all at once with `reduce`.
+
+    It answers the calls the server and the strategies make on the streaming aggregator
+    (`add`, `add_many`, `mean`, `count`, `close`), so every synchronous strategy works on top of
+    it: `mean()` is the rule's aggregate delta, which FedAvg, FedAvgM or FedAdam then apply.
+    """
+
+    def __init__(self, template: NDArrays, reduce: Reduce) -> None:
+        self.template = [(tuple(np.shape(p)), np.asarray(p).dtype) for p in template]
+        self.reduce = reduce
+        self.rows: list[np.ndarray] = []
+        self.weights: list[float] = []
+        self.count = 0
+        self.total_weight = 0.0
+        self.metrics: Metrics = {}
+        self.reason = ""
+        self._mean: NDArrays | None = None
+
+    def add(self, arrays: NDArrays, weight: float) -> None:
+        rejected = self.add_many([(arrays, weight)])
+        if rejected:
+            raise UpdateRejected(rejected[0][1])
+
+    def add_many(self, updates: Sequence[tuple[NDArrays, float]]) -> list[tuple[int, str]]:
+        if self._mean is not None:
+            raise PlinthError("aggregator: mean() was taken; the round is closed")
+        rejected = []
+        for j, (arrays, w) in enumerate(updates):
+            try:
+                if not (math.isfinite(w) and w > 0):
+                    raise UpdateRejected(f"weight {w!r} must be a finite number > 0")
+                check_shapes(self.template, arrays)
+                row = flatten(arrays)
+                if not np.all(np.isfinite(row)):
+                    raise UpdateRejected("NaN or Inf in the update")
+            except UpdateRejected as e:
+                rejected.append((j, str(e)))
+                continue
+            self.rows.append(row)
+            self.weights.append(float(w))
+            self.count += 1
+            self.total_weight += float(w)
+        return rejected
+
+    def sums(self) -> NDArrays:
+        raise PlinthError("a collecting aggregator has no running sums (synchronous rounds only)")
+
+    def mean(self) -> NDArrays | None:
+        """The rule's aggregate of the collected updates, shaped like the model."""
+        if self.count == 0:
+            return None
+        if self._mean is None:
+            vec, self.metrics, self.reason = self.reduce(np.stack(self.rows),
+                                                         np.asarray(self.weights))
+            self._mean = unflatten(vec, self.template)
+            log.info("aggregate: %s", self.reason)
+        return self._mean
+
+    def close(self) -> None:
+        self.rows.clear()
+
+
+# -- robust rules --------------------------------------------------------------------------------
+
+
+def robust_min_clients(spec: RobustSpec) -> int:
+    """The fewest updates the rule is defined for."""
+    if spec.rule in ("krum", "multi_krum"):
+        return spec.f + 3
+    if spec.rule == "bulyan":
+        return 4 * spec.f + 3
+    if spec.rule == "trimmed_mean":
+        return 2 * (spec.f if spec.trim is None else spec.trim) + 1
+    return 1
+
+
+def robust_reduce(spec: RobustSpec, rows: np.ndarray, weights: np.ndarray, *,
+                  center: np.ndarray | None = None,
+                  server_update: np.ndarray | None = None) -> rules.AggregateResult:
+    """The rule named by `spec` over the (n, d) updates: a pure function."""
+    n = rows.shape[0]
+    if spec.rule == "krum":
+        return rules.krum(rows, f=spec.f, weights=weights)
+    if spec.rule == "multi_krum":
+        m = min(n, spec.m if spec.m is not None else max(1, n - spec.f))
+        return rules.multi_krum(rows, f=spec.f, m=m, weights=weights)
+    if spec.rule == "bulyan":
+        return rules.bulyan(rows, f=spec.f)
+    if spec.rule == "median":
+        return rules.coordinate_median(rows)
+    if spec.rule == "trimmed_mean":
+        return rules.trimmed_mean(rows, trim=spec.f if spec.trim is None else spec.trim)
+    if spec.rule == "centered_clipping":
+        c = np.zeros(rows.shape[1]) if center is None else center
+        return rules.centered_clipping(rows, center=c, tau=spec.tau,
+                                       iterations=spec.iterations, weights=weights)
+    if spec.rule == "fltrust":
+        if server_update is None:
+            raise ValueError("fltrust needs the server's root-set update")
+        return rules.fltrust(rows, server_update=server_update)
+    raise ValueError(f"unknown robust rule {spec.rule!r}")
+
+
+def root_trainer(spec: AppSpec) -> Callable[[NDArrays, int], np.ndarray]:
+    """FLTrust's server update: one local fit from the global model on a small clean root set
+    (`strategy.robust.root_examples` examples of the training split, drawn from the seed)."""
+    from plinth.fl.app import load_code
+    from plinth.fl.data import load_source
+    from plinth.fl.torch_client import make_default_client
+
+    assert spec.strategy.robust is not None
+    train, _ = load_source(spec.data, spec.seed)
+    rng = np.random.default_rng([spec.seed, 0xF17])
+    k = min(len(train), spec.strategy.robust.root_examples)
+    root = train.subset(np.sort(rng.choice(len(train), size=k, replace=False)))
+    model = load_code(spec).make_model(spec)
+    client = make_default_client(model, root, None, spec.train, spec.seed + 0xF17)
+
+    def update(params: NDArrays, round: int) -> np.ndarray:
+        new, _, _ = client.fit(params, {"round": round})
+        return flatten(new) - flatten(params)
+
+    return update
+
+
+# -- the safeguards object -----------------------------------------------------------------------
+
+
+class Safeguards:
+    """What the app's `strategy.robust`, `privacy` and `consent` sections ask of each round."""
+
+    def __init__(self, spec: AppSpec, *,
+                 server_update: Callable[[NDArrays, int], np.ndarray] | None = None,
+                 wall: Callable[[], float] = time.time) -> None:
+        self.seed = spec.seed
+        self.robust: RobustSpec | None = spec.strategy.robust
+        self.dp_spec: DPSpec | None = spec.privacy.dp
+        self.secagg: SecAggSpec | None = spec.privacy.secagg
+        self.consent: ConsentSpec | None = spec.consent
+        self.task_id = (spec.consent.task_id if spec.consent and spec.consent.task_id
+                        else spec.name)
+        self.server_update = server_update
+        self.wall = wall  # consent timestamps are wall-clock seconds since the epoch
+        self.center: np.ndarray | None = None  # centered clipping: last round's aggregate
+        self.sample_rate = 1.0
+        self.dp = None
+        if self.dp_spec is not None:
+            from plinth.fl.privacy.dp import AdaptiveClip, DPFedAvg, PrivacyAccountant
+
+            d = self.dp_spec
+            adaptive = None
+            if d.adaptive is not None:
+                adaptive = AdaptiveClip(
+                    clip_norm=d.clip, target_quantile=d.adaptive.target_quantile,
+                    learning_rate=d.adaptive.learning_rate,
+                    count_noise_std=d.adaptive.count_noise_std or d.noise_multiplier)
+            self.dp = DPFedAvg(noise_multiplier=d.noise_multiplier, expected_clients=1.0,
+                               clip_norm=d.clip, adaptive=adaptive,
+                               epsilon_budget=d.epsilon_budget,
+                               accountant=PrivacyAccountant(kind=d.accountant, delta=d.delta))
+        self.registry = None
+        if self.consent is not None:
+            from pathlib import Path
+
+            from plinth.fl.privacy.consent import ConsentRegistry
+
+            path = spec.resolve(self.consent.registry) or ""
+            if not Path(path).is_file():
+                raise SpecError(f"consent.registry: {path} does not exist (a ConsentRegistry "
+                                f"SQLite file)")
+            self.registry = ConsentRegistry(path)
+        if self.robust is not None and self.robust.rule == "fltrust" and server_update is None:
+            raise SpecError("strategy.robust.rule: fltrust needs a server that holds data "
+                            "(a root set); this server has none")
+
+    @property
+    def active(self) -> bool:
+        return any(x is not None for x in (self.robust, self.dp, self.secagg, self.registry))
+
+    # -- resume ---------------------------------------------------------------------------------
+
+    def restore(self, records: Sequence[Any]) -> None:
+        """Replay the DP accounting of checkpointed rounds, so ε does not restart at zero."""
+        if self.dp is None:
+            return
+        for rec in records:
+            m = rec.metrics
+            if "dp_sample_rate" in m:
+                self.dp.accountant.step(noise_multiplier=self.dp.noise_multiplier,
+                                        sample_rate=m["dp_sample_rate"])
+                if self.dp.adaptive is not None and "dp_next_clip" in m:
+                    from dataclasses import replace
+
+                    self.dp.adaptive = replace(self.dp.adaptive, clip_norm=m["dp_next_clip"])
+
+    # -- the round ------------------------------------------------------------------------------
+
+    def start_round(self, r: int, pool: list[ClientInfo], *, fraction: float,
+                    min_clients: int, rng: np.random.Generator) -> tuple[list[str], str | None]:
+        """The round's clients, or ``([], why)`` when the task must stop before the round.
+
+        With consent, ⌈fraction·n⌉ of the n clients with live consent are drawn; the check that
+        may stop the task runs before the draw, so a round that never runs audits nobody.
+        """
+        from plinth.fl.server import select
+
+        if self.registry is None or self.consent is None:
+            chosen = select(pool, fraction=fraction, min_clients=min_clients, rng=rng)
+            why = self.admit(r, len(chosen), len(pool))
+            return ([], why) if why else (chosen, None)
+        c, now = self.consent, self.wall()
+        ids = sorted(x.cid for x in pool)
+        live = [i for i in ids if (self.registry.consent_version(i, c.purpose, now=now) or 0)
+                >= c.min_version]
+        if len(live) < min_clients:
+            self.registry.eligible(ids, c.purpose, now=now, min_version=c.min_version,
+                                   task_id=self.task_id, round=r)  # audit the exclusions
+            raise PlinthError(f"consent: {len(live)} of {len(ids)} clients have live consent for "
+                              f"{c.purpose!r}; server.min_clients is {min_clients}")
+        k = min(len(live), max(min_clients, math.ceil(fraction * len(live))))
+        why = self.admit(r, k, len(live))
+        if why:
+            return [], why
+        return self.registry.select(ids, c.purpose, k=k, rng=rng, now=now,
+                                    min_version=c.min_version, task_id=self.task_id,
+                                    round=r), None
+
+    def admit(self, r: int, k: int, pool_size: int) -> str | None:
+        """None if a round of `k` clients drawn from `pool_size` may run; otherwise why the task
+        stops before it (too few clients for the robust rule or SecAgg, the DP budget)."""
+        need = robust_min_clients(self.robust) if self.robust is not None else 1
+        if self.robust is not None and k < need:
+            return (f"strategy.robust: rule {self.robust.rule} with f={self.robust.f} needs at "
+                    f"least {need} clients a round, round {r} selected {k}")
+        if self.secagg is not None and k < 3:
+            return f"privacy.secagg: needs at least 3 clients a round, round {r} selected {k}"
+        if self.dp is not None:
+            self.sample_rate = k / max(1, pool_size)
+            if self.dp.epsilon_budget is not None:
+                from plinth.fl.privacy.dp import check_budget
+
+                d = check_budget(self.dp.accountant, epsilon_budget=self.dp.epsilon_budget,
+                                 noise_multiplier=self.dp.noise_multiplier,
+                                 sample_rate=self.sample_rate)
+                if not d.allowed:
+                    return f"privacy.dp.epsilon_budget: {d.reason}"
+        return None
+
+    def begin(self, r: int, strategy: Strategy, chosen: list[str]) -> Any:
+        if self.robust is None and self.dp is None and self.secagg is None:
+            return strategy.begin(r)
+        params = strategy.parameters
+        if self.robust is not None:
+            reduce = self._robust(r, params)
+        elif self.dp is not None:
+            reduce = self._dp(r, len(chosen))
+        else:
+            reduce = self._secagg(r)
+        return CollectingAggregator(params, reduce)
+
+    def _robust(self, r: int, params: NDArrays) -> Reduce:
+        spec = self.robust
+        assert spec is not None
+
+        def reduce(rows: np.ndarray, weights: np.ndarray) -> Reduced:
+            g0 = None
+            if spec.rule == "fltrust":
+                assert self.server_update is not None
+                g0 = self.server_update(params, r)
+            try:
+                res = robust_reduce(spec, rows, weights, center=self.center, server_update=g0)
+            except ValueError as e:
+                # fewer updates arrived than the rule needs (failures): keep the model
+                log.warning("round %d: %s; the model stays", r, e)
+                return np.zeros(rows.shape[1]), {"robust_skipped": 1.0}, str(e)
+            self.center = res.vector
+            return res.vector, {"robust_selected": float(len(res.selected))}, res.reason
+
+        return reduce
+
+    def _dp(self, r: int, expected: int) -> Reduce:
+        dp = self.dp
+        assert dp is not None and self.dp_spec is not None
+        from plinth.fl.privacy.dp import ChaChaNoise, NumpyNoise
+
+        noise = (NumpyNoise(np.random.default_rng([self.seed, r, 0xD9]))
+                 if self.dp_spec.noise == "numpy" else ChaChaNoise())
+
+        def reduce(rows: np.ndarray, weights: np.ndarray) -> Reduced:
+            # DP-FedAvg: every update counts the same (clipped to C), divided by the number
+            # selected, not the number that replied, so one client moves the sum by at most C.
+            dp.expected_clients = float(expected)
+            clip = dp.adaptive.clip_norm if dp.adaptive else dp.clip_norm
+            out = dp.aggregate(rows, sample_rate=self.sample_rate, noise=noise)
+            if out is None:  # admit() checked the budget first; kept as a guard
+                raise PlinthError(f"privacy.dp: {dp.stopped}")
+            m = {"epsilon": dp.accountant.history[-1], "dp_clip": clip,
+                 "dp_clipped": float(out.num_clipped), "dp_noise_std": out.noise_std,
+                 "dp_sample_rate": self.sample_rate}
+            if dp.adaptive is not None:
+                m["dp_next_clip"] = dp.adaptive.clip_norm
+            return out.mean, m, out.reason
+
+        return reduce
+
+    def _secagg(self, r: int) -> Reduce:
+        spec = self.secagg
+        assert spec is not None
+        from plinth.fl.privacy.secagg import SecAggConfig
+        from plinth.fl.privacy.secagg_driver import run_secagg_round
+
+        def reduce(rows: np.ndarray, weights: np.ndarray) -> Reduced:
+            n, d = rows.shape
+            if n < 3:
+                log.warning("round %d: SecAgg needs 3 updates, got %d; the model stays", r, n)
+                return np.zeros(d), {"secagg_skipped": 1.0}, "too few updates for SecAgg"
+            degree = None if spec.neighbours is None else min(spec.neighbours, n - 1)
+            cfg = SecAggConfig(client_ids=tuple(range(n)), vector_len=d, round_id=r,
+                               clip=spec.clip, scale=spec.scale, full_graph=spec.full_graph,
+                               degree=degree, threshold_fraction=spec.threshold,
+                               graph_seed=self.seed * 1_000_003 + r)
+            out = run_secagg_round(cfg, {i: rows[i] for i in range(n)})
+            survivors = len(out.result.survivors)
+            return out.mean, {"secagg_survivors": float(survivors)}, \
+                f"secagg: unweighted mean of {survivors} masked updates"
+
+        return reduce
+
+    def end_round(self, r: int, acc: Any, chosen: list[str], failures: list[Failure]) -> Metrics:
+        metrics = dict(getattr(acc, "metrics", {}))
+        if self.registry is not None and self.consent is not None:
+            failed = {f.cid for f in failures}
+            now = self.wall()
+            for cid in chosen:
+                if cid in failed:
+                    continue
+                try:
+                    self.registry.record_participation(cid, self.consent.purpose,
+                                                       task_id=self.task_id, round=r, now=now)
+                except ValueError as e:  # consent revoked during the round
+                    log.warning("round %d: %s", r, e)
+        return metrics
+
+    def close(self) -> None:
+        if self.registry is not None:
+            self.registry.close()
