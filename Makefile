@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test bench clean
+.PHONY: run test bench bench-flower clean
 
 $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PY) -m venv $(VENV)
@@ -25,6 +25,12 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python bench/sched_pass.py
 	$(BIN)/python bench/philly_replay.py
+
+# Flower's FedAvg next to Plinth's aggregation engine; flwr pins versions that conflict with
+# .venv, so it lives in its own benchmark-only venv.
+bench-flower: $(STAMP)
+	bash bench/flower_venv.sh
+	.venv-flower/bin/python bench/fl_flower.py --json results/fl_flower.json
 
 clean:
 	rm -rf $(VENV) results

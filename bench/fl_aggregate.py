@@ -2,8 +2,9 @@
 
 For N clients × P float32 parameters, every method reads N updates of P parameters. Updates are
 serde buffers decoded to zero-copy views, as the server sees them. Since 1,000 distinct 10M-param
-updates (40 GB) do not fit in memory, a pool of `--pool` distinct buffers (larger than any cache)
-is cycled through; every read still comes from DRAM.
+updates (40 GB) do not fit in memory, a pool of distinct buffers (at least `--pool` of them and
+`--pool-mb` MB, well past the last-level cache: 8 × 1M-parameter updates are only 32 MB) is
+cycled through; every read still comes from DRAM.
 
 Methods, in the same run:
 - copy:       np.copyto of each update into one model-sized buffer (read + write; the hardware
@@ -131,6 +132,7 @@ def main() -> None:
     ap.add_argument("--params", default="1e6,1e7")
     ap.add_argument("--clients", default="100,1000")
     ap.add_argument("--pool", type=int, default=8)
+    ap.add_argument("--pool-mb", type=float, default=256.0)
     ap.add_argument("--threads", type=int, default=min(4, os.cpu_count() or 1))
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--repeat", type=int, default=3)
@@ -142,7 +144,7 @@ def main() -> None:
     console = Console()
     rows = []
     for p in [int(float(x)) for x in args.params.split(",")]:
-        pool = make_pool(p, args.pool)
+        pool = make_pool(p, max(args.pool, -(-int(args.pool_mb * 1e6) // (4 * p))))
         model = 4 * p
         for n in [int(x) for x in args.clients.split(",")]:
             weights = np.random.default_rng(1).integers(1, 100, n).astype(float)
@@ -190,7 +192,7 @@ def main() -> None:
     console.print(t)
     if args.json:
         args.json.write_text(json.dumps({"cpus": os.cpu_count(), "pool": args.pool,
-                                         "rows": rows}, indent=1))
+                                         "pool_mb": args.pool_mb, "rows": rows}, indent=1))
         console.print(f"results: {args.json}")
 
 
