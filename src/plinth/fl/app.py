@@ -136,8 +136,17 @@ class AdaptiveClipSpec(_Spec):
 
 
 class DPSpec(_Spec):
-    """Client-level central DP (DP-FedAvg): clip each update, Gaussian noise on the sum."""
+    """Client-level DP-FedAvg: clip each update, Gaussian noise on the sum.
 
+    mode central: the server adds N(0, (z·C)²) to the sum (it sees the clean updates).
+    mode distributed (needs `privacy.secagg`): each client adds its share N(0, (z·C)²/m) before
+    SecAgg masking, so the sum the server unmasks carries the full noise; see
+    plinth.fl.privacy.dp.distributed_noise_share for what that guarantees. m is
+    `min_honest_clients` (default: the round's selected clients).
+    """
+
+    mode: Literal["central", "distributed"] = "central"
+    min_honest_clients: int | None = Field(default=None, ge=1)  # distributed: m
     clip: float = Field(default=1.0, gt=0)  # L2 norm each client's update is clipped to
     noise_multiplier: float = Field(gt=0)
     adaptive: AdaptiveClipSpec | None = None
@@ -156,6 +165,22 @@ class DPSpec(_Spec):
         return self
 
 
+class LocalDPSpec(_Spec):
+    """Local DP: each client clips its update to L2 norm `clip` and adds N(0, (z·C)²) before upload.
+
+    The guarantee holds against the server itself (and anyone who sees the uploads): each upload
+    is a Gaussian mechanism with multiplier z on that client's update, and a client that takes
+    part in every round composes one such mechanism a round (no subsampling amplification: the
+    server knows who uploaded). The sim reports that ε(δ) per round as `local_epsilon`.
+    """
+
+    clip: float = Field(default=1.0, gt=0)  # L2 norm each client clips its update to
+    noise_multiplier: float = Field(gt=0)  # z: noise std is z·clip on every coordinate
+    delta: float = Field(default=1e-5, gt=0, lt=1)
+    epsilon_budget: float | None = Field(default=None, gt=0)  # stop before local ε exceeds it
+    accountant: Literal["rdp", "pld"] = "rdp"
+
+
 class SecAggSpec(_Spec):
     """SecAgg+ for the round's sum (in-process simulation only)."""
 
@@ -168,6 +193,7 @@ class SecAggSpec(_Spec):
 
 class PrivacySpec(_Spec):
     dp: DPSpec | None = None
+    local_dp: LocalDPSpec | None = None
     secagg: SecAggSpec | None = None
 
 
@@ -252,6 +278,7 @@ def _combination_problem(spec: AppSpec) -> str | None:
     asynchronous = STRATEGIES[spec.strategy.name].asynchronous
     dp, secagg = spec.privacy.dp, spec.privacy.secagg
     for field_name, on in (("strategy.robust", spec.strategy.robust), ("privacy.dp", dp),
+                           ("privacy.local_dp", spec.privacy.local_dp),
                            ("privacy.secagg", secagg), ("consent", spec.consent)):
         if on is not None and asynchronous:
             return (f"{field_name}: needs a synchronous strategy (rounds), not "
@@ -260,9 +287,15 @@ def _combination_problem(spec: AppSpec) -> str | None:
         what = "privacy.dp" if dp is not None else "privacy.secagg"
         return (f"strategy.robust: cannot be combined with {what} (a robust rule must see each "
                 f"update; DP and SecAgg release only a noisy or masked sum)")
-    if secagg is not None and dp is not None:
-        return ("privacy.secagg: cannot be combined with privacy.dp yet (distributed DP is a "
-                "library feature, plinth.fl.privacy.dp.distributed_noise_share)")
+    if secagg is not None and dp is not None and dp.mode != "distributed":
+        return ("privacy.secagg: combines with privacy.dp only in privacy.dp.mode: distributed "
+                "(each client adds its noise share before masking)")
+    if dp is not None and dp.mode == "distributed":
+        if secagg is None:
+            return ("privacy.dp.mode: distributed needs privacy.secagg (without it the server "
+                    "sees each client's partly noised update)")
+        if dp.adaptive is not None:
+            return "privacy.dp.adaptive: not supported with privacy.dp.mode: distributed"
     return None
 
 

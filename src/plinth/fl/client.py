@@ -21,7 +21,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from plinth.fl import serde
-from plinth.fl.app import AppSpec, AttackSpec, load_code
+from plinth.fl.app import AppSpec, AttackSpec, LocalDPSpec, load_code
 from plinth.fl.compress import Compressor
 from plinth.fl.data import Dataset, client_partitions, load_source
 from plinth.fl.messages import (
@@ -47,8 +47,10 @@ class ClientRunner:
 
     def __init__(self, client: Client, compressor: Compressor | None = None,
                  state_path: Path | None = None,
-                 tamper: Callable[[NDArrays, int], NDArrays] | None = None) -> None:
+                 tamper: Callable[[NDArrays, int], NDArrays] | None = None,
+                 privatize: Callable[[NDArrays, int], NDArrays] | None = None) -> None:
         self.client = client
+        self.privatize = privatize  # local DP (app `privacy.local_dp`): clip + noise the delta
         self.compressor = compressor or Compressor()
         self.tamper = tamper  # a simulated attacker's change to its update (app `attack:`)
         # Virtual clients in a process pool may land on any worker: keep the error-feedback
@@ -78,6 +80,9 @@ class ClientRunner:
             delta = list(new)  # does not fit the model: send as is; the server rejects and logs it
         elif self.tamper is not None:
             delta = self.tamper(delta, ins.round)
+        if self.privatize is not None and len(new) == len(ins.parameters) \
+                and not any(d is None for d in delta):
+            delta = self.privatize(delta, ins.round)
         self._load_residual()
         arrays, codec, meta = self.compressor.encode(delta)
         self._save_residual()
@@ -153,7 +158,40 @@ class AppClients:
         tamper = None
         if cid in self.attackers:
             tamper = update_attack(self.spec.attack, self.spec.seed * 1_000_003 + cid)
-        return ClientRunner(self.client(cid), comp, path, tamper)
+        privatize = None
+        if self.spec.privacy.local_dp is not None:
+            privatize = local_dp_privatizer(self.spec.privacy.local_dp, self.spec.seed, cid)
+        return ClientRunner(self.client(cid), comp, path, tamper, privatize)
+
+
+def local_dp_privatizer(spec: LocalDPSpec, seed: int, cid: int
+                        ) -> Callable[[NDArrays, int], NDArrays]:
+    """Local DP on the upload: the float arrays of the delta, as one vector, are clipped to L2
+    norm `spec.clip` and get N(0, (z·clip)²) per coordinate (`plinth.fl.privacy.dp.local_dp`).
+
+    The noise is seeded from (app seed, client, round): reproducible in simulation, and so
+    predictable to whoever knows the seed; a deployment that must hide it needs a secret seed.
+    Integer buffers (counters) are sent as they are: they are not covered by the guarantee.
+    """
+    from plinth.fl.privacy.dp import NumpyNoise, local_dp
+
+    def privatize(delta: NDArrays, round: int) -> NDArrays:
+        idx = [i for i, d in enumerate(delta) if np.issubdtype(np.asarray(d).dtype, np.floating)]
+        if not idx:
+            return delta
+        flat = np.concatenate([np.asarray(delta[i], np.float64).reshape(-1) for i in idx])
+        noise = NumpyNoise(np.random.default_rng([seed, 0x10CA1, cid, round]))
+        noisy = local_dp(flat, clip_norm=spec.clip, noise_multiplier=spec.noise_multiplier,
+                         noise=noise)
+        out = list(delta)
+        at = 0
+        for i in idx:
+            d = np.asarray(delta[i])
+            out[i] = np.ascontiguousarray(noisy[at:at + d.size].reshape(d.shape), dtype=d.dtype)
+            at += d.size
+        return out
+
+    return privatize
 
 
 def poison(train: Dataset, attack: AttackSpec | None, seed: int, *, num_classes: int) -> Dataset:

@@ -28,7 +28,7 @@ import numpy as np
 
 from plinth.core.errors import PlinthError, SpecError
 from plinth.fl.aggregate.engine import UpdateRejected, check_shapes
-from plinth.fl.app import AppSpec, ConsentSpec, DPSpec, RobustSpec, SecAggSpec
+from plinth.fl.app import AppSpec, ConsentSpec, DPSpec, LocalDPSpec, RobustSpec, SecAggSpec
 from plinth.fl.messages import ClientInfo, Failure, Metrics, NDArrays
 from plinth.fl.robust import aggregators as rules
 from plinth.fl.strategies.base import Strategy
@@ -217,6 +217,14 @@ class Safeguards:
                                clip_norm=d.clip, adaptive=adaptive,
                                epsilon_budget=d.epsilon_budget,
                                accountant=PrivacyAccountant(kind=d.accountant, delta=d.delta))
+        # local DP: the clients noise their own uploads (client.py); the server only accounts
+        self.local_spec: LocalDPSpec | None = spec.privacy.local_dp
+        self.local_accountant = None
+        if self.local_spec is not None:
+            from plinth.fl.privacy.dp import PrivacyAccountant
+
+            self.local_accountant = PrivacyAccountant(kind=self.local_spec.accountant,
+                                                      delta=self.local_spec.delta)
         self.registry = None
         if self.consent is not None:
             from pathlib import Path
@@ -234,19 +242,23 @@ class Safeguards:
 
     @property
     def active(self) -> bool:
-        return any(x is not None for x in (self.robust, self.dp, self.secagg, self.registry))
+        return any(x is not None for x in (self.robust, self.dp, self.secagg, self.registry,
+                                           self.local_accountant))
 
     # -- resume ---------------------------------------------------------------------------------
 
     def restore(self, records: Sequence[Any]) -> None:
         """Replay the DP accounting of checkpointed rounds, so ε does not restart at zero."""
-        if self.dp is None:
-            return
         for rec in records:
             m = rec.metrics
-            if "dp_sample_rate" in m:
-                self.dp.accountant.step(noise_multiplier=self.dp.noise_multiplier,
-                                        sample_rate=m["dp_sample_rate"])
+            if self.local_accountant is not None and self.local_spec is not None \
+                    and "local_epsilon" in m:
+                self.local_accountant.step(noise_multiplier=self.local_spec.noise_multiplier,
+                                           sample_rate=1.0)
+            if self.dp is not None and "dp_sample_rate" in m:
+                self.dp.accountant.step(
+                    noise_multiplier=m.get("dp_noise_multiplier", self.dp.noise_multiplier),
+                    sample_rate=m["dp_sample_rate"])
                 if self.dp.adaptive is not None and "dp_next_clip" in m:
                     from dataclasses import replace
 
@@ -303,6 +315,15 @@ class Safeguards:
                                  sample_rate=self.sample_rate)
                 if not d.allowed:
                     return f"privacy.dp.epsilon_budget: {d.reason}"
+        local = self.local_spec
+        if local is not None and local.epsilon_budget is not None:
+            from plinth.fl.privacy.dp import check_budget
+
+            assert self.local_accountant is not None
+            d = check_budget(self.local_accountant, epsilon_budget=local.epsilon_budget,
+                             noise_multiplier=local.noise_multiplier, sample_rate=1.0)
+            if not d.allowed:
+                return f"privacy.local_dp.epsilon_budget: {d.reason}"
         return None
 
     def begin(self, r: int, strategy: Strategy, chosen: list[str]) -> Any:
@@ -311,10 +332,10 @@ class Safeguards:
         params = strategy.parameters
         if self.robust is not None:
             reduce = self._robust(r, params)
-        elif self.dp is not None:
+        elif self.dp is not None and self.secagg is None:
             reduce = self._dp(r, len(chosen))
-        else:
-            reduce = self._secagg(r)
+        else:  # SecAgg, with each client's distributed-DP noise share when privacy.dp is on
+            reduce = self._secagg(r, len(chosen))
         return CollectingAggregator(params, reduce)
 
     def _robust(self, r: int, params: NDArrays) -> Reduce:
@@ -362,17 +383,55 @@ class Safeguards:
 
         return reduce
 
-    def _secagg(self, r: int) -> Reduce:
+    def _noise_shares(self, r: int, rows: np.ndarray, m: int) -> tuple[np.ndarray, Metrics]:
+        """Distributed DP: what each client sends into SecAgg, its clipped update plus its share
+        N(0, (z·C)²/m) of the noise (plinth.fl.privacy.dp.distributed_noise_share), seeded per
+        client and round from the app seed (numpy) or from a CSPRNG (chacha).
+
+        In the simulation the server process adds the shares for the clients just before
+        masking; the masked values, and so the sum the server unmasks, are as if each client
+        had. The round is accounted as DP-FedAvg with multiplier z·sqrt(min(n, m)/m), n the
+        updates that reached SecAgg (all assumed honest): fewer than m clients lower the noise.
+        """
+        from plinth.fl.privacy.dp import ChaChaNoise, NumpyNoise, distributed_noise_share
+
+        dp, d = self.dp, self.dp_spec
+        assert dp is not None and d is not None
+        out = np.empty_like(rows, dtype=np.float64)
+        norms = np.linalg.norm(rows, axis=1)
+        for i, row in enumerate(rows):
+            noise = (NumpyNoise(np.random.default_rng([self.seed, r, i, 0xDD]))
+                     if d.noise == "numpy" else ChaChaNoise())
+            out[i] = distributed_noise_share(row, clip_norm=dp.clip_norm,
+                                             noise_multiplier=dp.noise_multiplier,
+                                             min_honest_clients=m, noise=noise)
+        n = rows.shape[0]
+        z_eff = dp.noise_multiplier * math.sqrt(min(n, m) / m)
+        eps = dp.accountant.step(noise_multiplier=z_eff, sample_rate=self.sample_rate)
+        share_std = dp.noise_multiplier * dp.clip_norm / math.sqrt(m)
+        return out, {"epsilon": eps, "dp_clip": dp.clip_norm,
+                     "dp_clipped": float(np.sum(norms > dp.clip_norm)),
+                     "dp_noise_std": share_std * math.sqrt(n), "dp_noise_multiplier": z_eff,
+                     "dp_sample_rate": self.sample_rate}
+
+    def _secagg(self, r: int, expected: int) -> Reduce:
         spec = self.secagg
         assert spec is not None
         from plinth.fl.privacy.secagg import SecAggConfig
         from plinth.fl.privacy.secagg_driver import run_secagg_round
+
+        distributed = self.dp is not None and self.dp_spec is not None
 
         def reduce(rows: np.ndarray, weights: np.ndarray) -> Reduced:
             n, d = rows.shape
             if n < 3:
                 log.warning("round %d: SecAgg needs 3 updates, got %d; the model stays", r, n)
                 return np.zeros(d), {"secagg_skipped": 1.0}, "too few updates for SecAgg"
+            dp_metrics: Metrics = {}
+            if distributed:
+                assert self.dp_spec is not None
+                m = self.dp_spec.min_honest_clients or expected
+                rows, dp_metrics = self._noise_shares(r, rows, m)
             degree = None if spec.neighbours is None else min(spec.neighbours, n - 1)
             cfg = SecAggConfig(client_ids=tuple(range(n)), vector_len=d, round_id=r,
                                clip=spec.clip, scale=spec.scale, full_graph=spec.full_graph,
@@ -380,6 +439,12 @@ class Safeguards:
                                graph_seed=self.seed * 1_000_003 + r)
             out = run_secagg_round(cfg, {i: rows[i] for i in range(n)})
             survivors = len(out.result.survivors)
+            if distributed:
+                # DP-FedAvg's fixed denominator: the number selected, not the number that replied
+                return out.total / max(1, expected), \
+                    {"secagg_survivors": float(survivors), **dp_metrics}, \
+                    (f"secagg + distributed DP: noisy sum of {survivors} masked updates / "
+                     f"{expected}, epsilon={dp_metrics['epsilon']:.4f}")
             return out.mean, {"secagg_survivors": float(survivors)}, \
                 f"secagg: unweighted mean of {survivors} masked updates"
 
@@ -387,6 +452,10 @@ class Safeguards:
 
     def end_round(self, r: int, acc: Any, chosen: list[str], failures: list[Failure]) -> Metrics:
         metrics = dict(getattr(acc, "metrics", {}))
+        if self.local_accountant is not None and self.local_spec is not None:
+            # ε(δ) of one client that uploaded in every round so far, against the server itself
+            metrics["local_epsilon"] = self.local_accountant.step(
+                noise_multiplier=self.local_spec.noise_multiplier, sample_rate=1.0)
         if self.registry is not None and self.consent is not None:
             failed = {f.cid for f in failures}
             now = self.wall()

@@ -77,8 +77,8 @@ def make_safeguards(spec: AppSpec) -> Safeguards:
 
 
 # per-round metrics the JSON carries when the app turns the feature on
-_ROUND_METRICS = ("epsilon", "dp_clip", "dp_clipped", "backdoor_success", "robust_selected",
-                  "secagg_survivors")
+_ROUND_METRICS = ("epsilon", "dp_clip", "dp_clipped", "dp_noise_std", "local_epsilon",
+                  "backdoor_success", "robust_selected", "secagg_survivors")
 
 
 def summary(spec: AppSpec, records: list[RoundRecord], clients: int,
@@ -99,6 +99,12 @@ def summary(spec: AppSpec, records: list[RoundRecord], clients: int,
         eps = [r.metrics["epsilon"] for r in records if "epsilon" in r.metrics]
         extra["epsilon"] = eps[-1] if eps else 0.0
         extra["delta"] = spec.privacy.dp.delta
+        extra["dp_mode"] = spec.privacy.dp.mode
+    if spec.privacy.local_dp is not None:
+        # per client, against the server: a client that uploaded in every round
+        eps = [r.metrics["local_epsilon"] for r in records if "local_epsilon" in r.metrics]
+        extra["local_epsilon"] = eps[-1] if eps else 0.0
+        extra["local_delta"] = spec.privacy.local_dp.delta
     if spec.privacy.secagg is not None:
         extra["secagg"] = True
     if spec.consent is not None:
