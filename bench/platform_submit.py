@@ -29,7 +29,7 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from plinth.cli.quickstart import free_port, start_server, stop_server  # noqa: E402
+from plinth.cli.quickstart import free_port, kill_jobs, start_server, stop_server  # noqa: E402
 from plinth.client import Client  # noqa: E402
 
 SPEC = {"name": "bench", "command": ["true"],
@@ -98,13 +98,6 @@ def decision_latency(url: str, token: str, n: int) -> np.ndarray:
             ev = {e["kind"]: e["time"] for e in d["events"]}
             out.append(ev["started"] - ev["submitted"])
     return np.array(out) * 1000
-
-
-def kill_jobs(home: Path) -> None:
-    """Jobs outlive the control plane by design; the benchmark's own must not outlive it."""
-    for p in psutil.process_iter(["environ"]):
-        if str(home) in (p.info.get("environ") or {}).get("PLINTH_CHECKPOINT_DIR", ""):
-            p.kill()
 
 
 def main() -> None:

@@ -97,16 +97,9 @@ class Platform:
 
 
     def kill_jobs(self) -> None:
-        """Jobs outlive the control plane by design; a test's jobs must not outlive the test."""
-        import psutil
+        from plinth.cli.quickstart import kill_jobs
 
-        for proc in psutil.process_iter(["environ"]):
-            env = proc.info.get("environ") or {}
-            if env.get("PLINTH_CHECKPOINT_DIR", "").startswith(str(self.home)):
-                try:
-                    proc.kill()
-                except psutil.Error:
-                    pass
+        kill_jobs(self.home)
 
 
 @pytest.fixture

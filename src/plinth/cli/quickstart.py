@@ -64,6 +64,20 @@ def stop_server(proc: subprocess.Popen, sig: int = signal.SIGTERM) -> None:
             proc.wait()
 
 
+def kill_jobs(home: Path) -> None:
+    """Kill the jobs of the platform whose state is in `home`. Jobs outlive their control plane
+    by design (a restart adopts them); tests and benchmarks must not leave theirs behind."""
+    import psutil
+
+    for proc in psutil.process_iter(["environ"]):
+        env = proc.info.get("environ") or {}
+        if env.get("PLINTH_CHECKPOINT_DIR", "").startswith(str(home)):
+            try:
+                proc.kill()
+            except psutil.Error:
+                pass
+
+
 def quickstart(
     home: Annotated[Path, typer.Option(help="State directory for this run (wiped first).")]
     = Path("results/quickstart"),

@@ -72,9 +72,17 @@ class Record:
     attempt: int = 0
     handle: Handle | None = None
     stop_reason: StopReason | None = None
-    stop_sent: float | None = None
     base_attained: float = 0.0
     base_executed: float = 0.0
+
+
+def _account(rec: Record, now: float) -> None:
+    """Bring a running job's service up to `now`: wall seconds run (its progress, as production
+    knows no reference speed) and GPU-seconds attained (Tiresias), over all its runs."""
+    js = rec.js
+    ran = now - (js.start_time or now)
+    js.executed = js.progress = rec.base_executed + ran
+    js.attained = rec.base_attained + ran * js.job.request.num_gpus
 
 
 def allocation_to_json(a: Allocation) -> dict:
@@ -109,7 +117,6 @@ class ControlPlane:
         self.reasons: dict[int, str] = {}
         self._wake_at: float | None = None
         self._dirty = True
-        self.passes = 0
         self._incoming: deque[Record] = deque()  # submitted, not yet seen by the loop
         self.writer = GroupCommit(store)
         self._next_pass = 0.0  # monotonic time before which no pass starts
@@ -342,16 +349,12 @@ class ControlPlane:
         running = {}
         for rec in self.active.values():
             if rec.state is State.RUNNING:
-                js = rec.js
-                ran = now - (js.start_time or now)
-                js.executed = js.progress = rec.base_executed + ran
-                js.attained = rec.base_attained + ran * js.job.request.num_gpus
-                running[rec.id] = js
+                _account(rec, now)
+                running[rec.id] = rec.js
         snap = Snapshot(self.cluster, self.state, list(self.pending), running, self.config)
         t0 = time.monotonic()
         d = self.policy.schedule(snap, now)
         took = time.monotonic() - t0
-        self.passes += 1
         self._wake_at = d.wake_at
         for p in d.preempts:
             self._stop(self.active[p.job_id], StopReason.PREEMPT, now, p.reason)
@@ -377,7 +380,7 @@ class ControlPlane:
                               f"attempt {rec.attempt}: {why}", start_time=now,
                               attempt=rec.attempt, allocation=allocation_to_json(alloc),
                               handle=None, stop_reason=None, reason=why)
-        rec.state, rec.stop_reason, rec.stop_sent = State.RUNNING, None, None
+        rec.state, rec.stop_reason = State.RUNNING, None
         js = rec.js
         js.status, js.allocation, js.start_time = JobStatus.RUNNING, alloc, now
         js.first_start = js.first_start if js.first_start is not None else now
@@ -428,7 +431,7 @@ class ControlPlane:
     def _stop(self, rec: Record, why: StopReason, now: float, message: str) -> None:
         self.store.transition(rec.id, State.RUNNING, State.STOPPING, now, f"stop-{why.value}",
                               message, stop_reason=why.value)
-        rec.state, rec.stop_reason, rec.stop_sent = State.STOPPING, why, now
+        rec.state, rec.stop_reason = State.STOPPING, why
         self._deadlines.pop(rec.id, None)
         rec.js.status = JobStatus.PENDING  # no longer a running job to the scheduler
         if rec.handle is not None:
@@ -470,9 +473,7 @@ class ControlPlane:
         js = rec.js
         if js.allocation is not None:
             self.state.release(js.allocation, js.job.request)
-            ran = self.clock() - (js.start_time or self.clock())
-            js.executed = rec.base_executed + ran
-            js.attained = rec.base_attained + ran * js.job.request.num_gpus
+            _account(rec, self.clock())
             js.allocation = None
 
     def _requeue(self, rec: Record, now: float, kind: str, message: str, *,

@@ -12,6 +12,7 @@ the last few commits.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import queue
@@ -115,7 +116,7 @@ class Store:
         if self.sqlite:
             sa.event.listen(self.engine, "connect", _sqlite_pragmas)
         # SQLite has one writer at a time; taking turns here avoids busy retries under load.
-        self._write = threading.Lock() if self.sqlite else _NoLock()
+        self._write = threading.Lock() if self.sqlite else contextlib.nullcontext()
         try:
             metadata.create_all(self.engine)
         except sa.exc.OperationalError as e:
@@ -298,10 +299,3 @@ def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
     cur.execute("PRAGMA foreign_keys=ON")
     cur.close()
 
-
-class _NoLock:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None

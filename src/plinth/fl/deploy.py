@@ -10,9 +10,8 @@ from plinth.core.errors import SpecError
 from plinth.fl.app import AppSpec, load_app
 from plinth.fl.checkpoint import Checkpointer
 from plinth.fl.client import AppClients
-from plinth.fl.server import RoundRecord, Server
-from plinth.fl.sim import central_evaluator, initial_model, make_safeguards, summary
-from plinth.fl.strategies import make_strategy
+from plinth.fl.server import RoundRecord
+from plinth.fl.sim import initial_model, serve_rounds, summary
 from plinth.fl.transport.grpc import GrpcClient, GrpcTransport, _read, load_tokens, parse_address
 
 
@@ -35,28 +34,19 @@ def run_server(app_path: str, *, address: str, rounds: int | None = None, resume
         raise SpecError(f"{app_path}: privacy.secagg: runs only in `plinth fl sim` for now "
                         f"(the gRPC transport does not carry the SecAgg+ messages yet)")
     model, params = initial_model(spec)
-    strategy = make_strategy(spec.strategy.name, spec.strategy.options,
-                             threads=spec.server.aggregation_threads)
     ckpt = Checkpointer(spec.resolve(spec.checkpoint_dir)) if spec.checkpoint_dir else None
     if resume and ckpt is None:
         raise SpecError("--resume needs checkpoint_dir in the app or --checkpoint")
-    guard = make_safeguards(spec)
     transport = GrpcTransport(address, tokens=tokens, cert=cert, key=key,
                               chunk_size=t.chunk_size)
-    try:
-        if on_listen is not None:
+    if on_listen is not None:
+        try:
             on_listen(spec, transport.port)
-        server = Server(strategy, transport, spec.server, seed=spec.seed,
-                        evaluate=central_evaluator(spec, model)
-                        if spec.server.evaluate == "central" else None, checkpoint=ckpt,
-                        safeguards=guard)
-        server.initialize(params, resume=resume)
-        records = server.run(spec.server.rounds, on_round)
-    finally:
-        transport.close()
-        guard.close()
-        if ckpt is not None:
-            ckpt.close()
+        except BaseException:
+            transport.close()
+            raise
+    server, records = serve_rounds(spec, transport, model, params, ckpt=ckpt, resume=resume,
+                                   on_round=on_round)
     return summary(spec, records, len(transport.clients()), server.stopped)
 
 

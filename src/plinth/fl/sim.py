@@ -156,6 +156,33 @@ def plot(result: dict[str, Any], out: str | Path) -> list[Path]:
     return paths
 
 
+def serve_rounds(spec: AppSpec, transport: Any, model: Any, params: NDArrays, *,
+                 ckpt: Checkpointer | None, resume: bool,
+                 on_round: Callable[[RoundRecord], None] | None,
+                 on_start: Callable[[AppSpec, int], None] | None = None
+                 ) -> tuple[Server, list[RoundRecord]]:
+    """The server's whole life on a transport, for `plinth fl sim` and `plinth fl server` alike:
+    build it with the app's strategy, evaluator and safeguards, resume or start, run the
+    rounds, and close the transport, the safeguards and the checkpoint whatever happens."""
+    strategy = make_strategy(spec.strategy.name, spec.strategy.options,
+                             threads=spec.server.aggregation_threads)
+    guard = make_safeguards(spec)
+    try:
+        server = Server(strategy, transport, spec.server, seed=spec.seed,
+                        evaluate=central_evaluator(spec, model)
+                        if spec.server.evaluate == "central" else None, checkpoint=ckpt,
+                        safeguards=guard)
+        server.initialize(params, resume=resume)
+        if on_start is not None:
+            on_start(spec, server.start_round)
+        return server, server.run(spec.server.rounds, on_round)
+    finally:
+        transport.close()
+        guard.close()
+        if ckpt is not None:
+            ckpt.close()
+
+
 def run_sim(app_path: str, *, clients: int, rounds: int | None = None,
             workers: int | None = None, resume: bool = False,
             overrides: dict[str, Any] | None = None,
@@ -169,29 +196,14 @@ def run_sim(app_path: str, *, clients: int, rounds: int | None = None,
     train, _ = load_source(spec.data, spec.seed)
     sizes = [len(p) for p in client_partitions(spec.data, train, clients, spec.seed)]
     del train
-    strategy = make_strategy(spec.strategy.name, spec.strategy.options,
-                             threads=spec.server.aggregation_threads)
     ckpt = Checkpointer(spec.resolve(spec.checkpoint_dir)) if spec.checkpoint_dir else None
     with tempfile.TemporaryDirectory(prefix="plinth-fl-") as tmp:
         state_dir = str(Path(ckpt.dir) / "clients") if ckpt else tmp
         Path(state_dir).mkdir(parents=True, exist_ok=True)
         transport = PoolTransport(app_path, ov, clients, sizes, workers=workers,
                                   state_dir=state_dir)
-        guard = make_safeguards(spec)
-        try:
-            server = Server(strategy, transport, spec.server, seed=spec.seed,
-                            evaluate=central_evaluator(spec, model)
-                            if spec.server.evaluate == "central" else None, checkpoint=ckpt,
-                            safeguards=guard)
-            server.initialize(params, resume=resume)
-            if on_start is not None:
-                on_start(spec, server.start_round)
-            records = server.run(spec.server.rounds, on_round)
-        finally:
-            transport.close()
-            guard.close()
-            if ckpt is not None:
-                ckpt.close()
+        server, records = serve_rounds(spec, transport, model, params, ckpt=ckpt,
+                                       resume=resume, on_round=on_round, on_start=on_start)
     return summary(spec, records, clients, server.stopped)
 
 
