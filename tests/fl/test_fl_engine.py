@@ -39,11 +39,12 @@ def test_integer_buffers_are_rounded_means():
     assert got.dtype == np.int64 and got.tolist() == [12, 20]
 
 
+@pytest.mark.parametrize("chunk_bytes", [4096, 1 << 20])  # undo across chunks / blocks of one
 @pytest.mark.parametrize("bad_value", [np.nan, np.inf, -np.inf])
-def test_non_finite_update_is_rejected_and_undone(bad_value):
+def test_non_finite_update_is_rejected_and_undone(bad_value, chunk_bytes):
     rng = np.random.default_rng(3)
     ups = _updates(rng, 3, [(300, 301), (7,)])
-    agg = StreamingAggregator(ups[0][0], threads=2, chunk_bytes=4096)
+    agg = StreamingAggregator(ups[0][0], threads=2, chunk_bytes=chunk_bytes)
     for arrays, w in ups[:2]:
         agg.add(arrays, w)
     before = [s.copy() for s in agg.sums()]
@@ -56,6 +57,23 @@ def test_non_finite_update_is_rejected_and_undone(bad_value):
         np.testing.assert_allclose(s, b, atol=1e-4)
     agg.add(*ups[2])
     np.testing.assert_allclose(agg.mean()[0], _reference(ups)[0], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_values_that_could_overflow_the_sum_are_refused_before_folding(dtype):
+    """|w·x| must stay below 2^106 (float32) or 2^1002 (float64): then 2^20 such updates cannot
+    overflow the sum, so the accumulator stays finite and a refusal leaves it as it was."""
+    bound = 2.0 ** (106 if dtype == np.float32 else 1002)
+    agg = StreamingAggregator([np.zeros(5000, dtype)], chunk_bytes=1 << 20)
+    ok = np.ones(5000, dtype)
+    ok[10] = bound / 4  # |w·x| = bound / 2 with weight 2: accepted
+    agg.add([ok], 2.0)
+    big = np.ones(5000, dtype)
+    big[4321] = bound / 4  # the same value with weight 4 reaches the bound: refused
+    with pytest.raises(UpdateRejected, match="index 4321"):
+        agg.add([big], 4.0)
+    assert agg.count == 1 and np.isfinite(agg.sums()[0]).all()
+    np.testing.assert_array_equal(agg.sums()[0], 2.0 * ok)
 
 
 def test_wrong_shape_dtype_count_weight_are_rejected():
