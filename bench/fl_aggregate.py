@@ -9,10 +9,10 @@ cycled through; every read still comes from DRAM.
 Methods, in the same run:
 - copy:       np.copyto of each update into one model-sized buffer (read + write; the hardware
               limit for touching every byte once).
-- engine:     StreamingAggregator.add per update (eager; BLAS dot check + axpy per 256 KiB chunk;
-              single-threaded BLAS via threadpoolctl), with 1 and `--threads` threads.
-- engine×B:   add_many over batches of B updates that arrived together: each accumulator chunk is
-              loaded once per batch, so traffic is about one read per update.
+- engine:     StreamingAggregator.add per update (eager; one compiled pass that checks each
+              L1-sized block for NaN/Inf/overflow, then folds it), with 1 and `--threads` threads.
+- engine×B:   add_many over batches of B updates that arrived together (one call, the server's
+              path for replies that complete together).
 - naive:      stack all N updates, then np.average(axis=0, weights=...), as an aggregator that
               waits for everyone does. Skipped where it would need more than --naive-max-gb.
 

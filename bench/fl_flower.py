@@ -165,7 +165,7 @@ def main() -> None:
     import flwr
 
     say = Console(width=200).print if Console else print
-    # a server is long-running: look the BLAS libraries up once before timing anything
+    # a server is long-running: load the engine's compiled kernel before timing anything
     warm = StreamingAggregator([np.zeros(8, np.float32)])
     warm.add([np.ones(8, np.float32)], 1.0)
     load0 = os.getloadavg()
