@@ -158,10 +158,5 @@ def test_resume_replays_the_dp_accounting():
     assert resumed.dp.accountant.epsilon() == pytest.approx(records[-1].metrics["epsilon"])
 
 
-def test_a_grpc_server_refuses_simulated_secagg(tmp_path):
-    from plinth.fl.deploy import run_server
-
-    app = tmp_path / "app.yaml"
-    app.write_text(f"code: {APPS / 'tiny.py'}\nprivacy: {{secagg: {{}}}}\n")
-    with pytest.raises(SpecError, match="privacy.secagg: runs only in `plinth fl sim`"):
-        run_server(str(app), address="127.0.0.1:0")
+# `plinth fl server` with privacy.secagg runs the protocol over gRPC:
+# tests/fl_privacy/test_secagg_transport.py::test_secagg_over_grpc_with_separate_processes

@@ -1,10 +1,7 @@
-import os
-
 import numpy as np
 import pytest
 
 from plinth.fl.admm.consensus import ADMMConfig, Site, decode, encode, iteration_cap, run_admm
-from plinth.fl.admm.loopback import run_admm_processes
 
 
 @pytest.mark.parametrize("v", [9, 15])
@@ -37,13 +34,3 @@ def test_no_site_sees_a_partner_value():
     assert np.bincount((part >> np.uint64(60)).astype(int), minlength=16).min() > 200
     np.testing.assert_allclose(decode(encode(np.array([1.5, -2.25]))), [1.5, -2.25])
 
-
-def test_nine_sites_as_processes_on_loopback():
-    rng = np.random.default_rng(9)
-    w = rng.normal(size=(9, 64))
-    n = rng.integers(10, 100, 9).tolist()
-    rep, pids = run_admm_processes(w, n, seed=3, timeout=60)
-    assert len(pids) == 9 and os.getpid() not in pids
-    in_proc = run_admm(w, n, seed=3)
-    np.testing.assert_array_equal(rep.z, in_proc.z)  # same protocol, same seeds, same bits
-    assert rep.errors[-1] < 1e-6

@@ -100,6 +100,8 @@ def _print_round(rec) -> None:
     console.print(f"round {rec.round:3d}  accuracy {_fmt(rec.accuracy)}  loss {_fmt(rec.loss)}  "
                   f"{rec.seconds:6.2f}s  up {rec.bytes_up / 1e6:.2f} MB  "
                   f"failures {len(rec.failures)}", highlight=False)
+    if rec.metrics.get("secagg_aborted"):  # the model stayed: say why
+        console.print(f"  {rec.reason}", highlight=False)
 
 
 @app.command()
@@ -142,3 +144,57 @@ def client(
     ran = run_client(app_yaml, server=server, cid=cid, clients=clients, token=token)
     console.print(f"client {cid}: {ran} tasks done; the server has finished")
 
+
+def _admm_round(rec: dict) -> None:
+    err = f"  ADMM error {rec['admm_error']:.1e}" if "admm_error" in rec else ""
+    console.print(f"round {rec['round']:3d}  accuracy {_fmt(rec['accuracy'])}  "
+                  f"loss {_fmt(rec['loss'])}  {rec['seconds']:6.2f}s{err}", highlight=False)
+
+
+@app.command()
+def admm(
+    app_yaml: Annotated[str, typer.Argument(metavar="APP.yaml", help="FL app spec.")],
+    sites: Annotated[int | None, typer.Option(help="Sites, 3 mod 6 (default: admm.sites).")
+                     ] = None,
+    rounds: Annotated[int | None, typer.Option(min=1, help="Rounds (default: admm.rounds).")
+                      ] = None,
+    json_path: Annotated[str | None, typer.Option("--json", help="Write results JSON.")] = None,
+) -> None:
+    """Decentralised training: sites on loopback average their models by ADMM (no server)."""
+    from plinth.fl.admm.task import run_admm_app
+    from plinth.fl.sim import write_json
+
+    result = run_admm_app(app_yaml, sites=sites, rounds=rounds, on_round=_admm_round)
+    console.print(f"final accuracy {_fmt(result['final_accuracy'])}, {result['sites']} sites, "
+                  f"{result['total_seconds']:.1f} s", highlight=False)
+    console.print(f"ADMM: {result['admm']['iterations']} iterations a round, largest error vs "
+                  f"the exact weighted average {result['max_admm_error']:.1e}", highlight=False)
+    if json_path:
+        write_json(result, json_path)
+        console.print(f"results: {json_path}")
+
+
+@app.command("admm-site")
+def admm_site(
+    app_yaml: Annotated[str, typer.Argument(metavar="APP.yaml", help="FL app spec.")],
+    site: Annotated[int, typer.Option(min=0, help="This site's number (its data partition).")],
+    peers: Annotated[str | None, typer.Option(help="Every site's HOST:PORT, in site order, "
+                                                   "comma-separated (this site listens on its own).")
+                     ] = None,
+    peers_file: Annotated[str | None, typer.Option(help="Or a file of one HOST:PORT a line.")
+                          ] = None,
+    rounds: Annotated[int | None, typer.Option(min=1, help="Rounds (default: admm.rounds).")
+                      ] = None,
+    token: Annotated[str | None, typer.Option(help="Token (or $PLINTH_FL_TOKEN).")] = None,
+    json_path: Annotated[str | None, typer.Option("--json", help="Write results JSON.")] = None,
+) -> None:
+    """One ADMM site as its own process; start one per entry of --peers."""
+    from plinth.fl.admm.task import read_peers, run_site
+    from plinth.fl.sim import write_json
+
+    result = run_site(app_yaml, site=site, addresses=read_peers(peers, peers_file),
+                      rounds=rounds, token=token, on_round=_admm_round)
+    console.print(f"site {site}: final accuracy {_fmt(result['final_accuracy'])}")
+    if json_path:
+        write_json(result, json_path)
+        console.print(f"results: {json_path}")

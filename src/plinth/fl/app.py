@@ -88,6 +88,31 @@ class EligibilitySpec(_Spec):
     require: dict[str, bool | int | float | str] = Field(default_factory=dict)
 
 
+class AggregationSpec(_Spec):
+    """How the server folds updates: `stream` in its own process, or `tree`: the elastic LIFL
+    tree of leaf aggregator processes over shared memory (plinth.fl.aggregate.tree), with
+    ceil(selected / updates_per_leaf) leaves a round (`leaves: auto`, at most `max_leaves`,
+    default the CPU count) or a fixed number."""
+
+    mode: Literal["stream", "tree"] = "stream"
+    leaves: Any = "auto"  # "auto" or a whole number >= 1
+    max_leaves: int | None = Field(default=None, ge=1)
+    updates_per_leaf: int = Field(default=8, ge=1)
+
+    @field_validator("leaves")
+    @classmethod
+    def _leaves(cls, v: Any) -> Any:
+        if v != "auto" and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            raise ValueError(f"must be 'auto' or a whole number >= 1 (got {v!r})")
+        return v
+
+    @model_validator(mode="after")
+    def _cap(self) -> AggregationSpec:
+        if self.leaves != "auto" and self.max_leaves is not None and self.leaves > self.max_leaves:
+            raise ValueError(f"leaves: {self.leaves} is more than max_leaves {self.max_leaves}")
+        return self
+
+
 class ServerSpec(_Spec):
     rounds: int = Field(default=10, ge=1)
     fraction: float = Field(default=0.1, gt=0, le=1)
@@ -98,6 +123,7 @@ class ServerSpec(_Spec):
     eligibility: EligibilitySpec = Field(default_factory=EligibilitySpec)
     concurrency: int = Field(default=10, ge=1)  # async: client tasks in flight
     aggregation_threads: int = Field(default=1, ge=1)
+    aggregation: AggregationSpec = Field(default_factory=AggregationSpec)
     evaluate_every: int = Field(default=1, ge=1)
     # central: the server scores the model on the app's test split; federated: the round's
     # clients score it on their own data (for servers that hold no data)
@@ -182,7 +208,9 @@ class LocalDPSpec(_Spec):
 
 
 class SecAggSpec(_Spec):
-    """SecAgg+ for the round's sum (in-process simulation only)."""
+    """SecAgg+ for the round's sum: the server drives the protocol's four stages over the
+    transport (`plinth fl sim` and `plinth fl server`) and sees only masked updates and their
+    sum; see plinth.fl.privacy.secagg_round."""
 
     neighbours: int | None = Field(default=None, ge=2)  # None: about 2·log2(n); full_graph: all
     threshold: float = Field(default=0.5, gt=0, lt=1)  # Shamir threshold, fraction of neighbours
@@ -218,6 +246,36 @@ class TransportSpec(_Spec):
     client_id: str | None = None  # client side
 
 
+class AdmmSpec(_Spec):
+    """Decentralised training (`plinth fl admm`): no server; each round every site trains on its
+    partition, then the sites average their models by consensus ADMM over a Kirkman schedule."""
+
+    sites: int = Field(default=9, ge=3)  # v = 3 (mod 6): 9, 15, 21, ...
+    rounds: int = Field(default=10, ge=1)
+    local_epochs: int | None = Field(default=None, ge=1)  # default: train.epochs
+    rho: float = Field(default=0.5, gt=0)  # ADMM penalty of the first iteration ...
+    rho_decay: float = Field(default=0.5, gt=0, le=1)  # ... times rho_decay each iteration
+    lambda_std: float = Field(default=1.0, gt=0)  # std of the random initial duals
+    iterations: int | None = Field(default=None, ge=1)  # per round; default the cap
+    timeout: float = Field(default=120.0, gt=0)  # seconds a site waits for a peer's message
+
+    @field_validator("sites")
+    @classmethod
+    def _kirkman(cls, v: int) -> int:
+        if v % 6 != 3:
+            raise ValueError(f"a Kirkman schedule needs sites = 3 (mod 6): 9, 15, 21, ... "
+                             f"(got {v})")
+        return v
+
+    @model_validator(mode="after")
+    def _cap(self) -> AdmmSpec:
+        cap = 2 * ((self.sites - 1) // 2) - 1
+        if self.iterations is not None and self.iterations > cap:
+            raise ValueError(f"iterations: at most 2·(sites−1)/2 − 1 = {cap} with "
+                             f"{self.sites} sites (got {self.iterations})")
+        return self
+
+
 class AppSpec(_Spec):
     name: str = "fl-app"
     code: str | None = None
@@ -231,6 +289,7 @@ class AppSpec(_Spec):
     attack: AttackSpec | None = None
     privacy: PrivacySpec = Field(default_factory=PrivacySpec)
     consent: ConsentSpec | None = None
+    admm: AdmmSpec | None = None  # `plinth fl admm`: decentralised, no server
     checkpoint_dir: str | None = None
     base_dir: str = "."  # set by `load_app` to the YAML's folder
 
@@ -275,6 +334,10 @@ def parse_app(doc: Any, where: str = "app", base_dir: str = ".") -> AppSpec:
 
 def _combination_problem(spec: AppSpec) -> str | None:
     """Settings that are each valid but do not work together, as 'field: why'."""
+    from plinth.fl.aggregate.tree import tree_problem  # server.aggregation.mode: tree
+
+    if (tree := tree_problem(spec)) is not None:
+        return tree
     asynchronous = STRATEGIES[spec.strategy.name].asynchronous
     dp, secagg = spec.privacy.dp, spec.privacy.secagg
     for field_name, on in (("strategy.robust", spec.strategy.robust), ("privacy.dp", dp),
@@ -287,6 +350,10 @@ def _combination_problem(spec: AppSpec) -> str | None:
         what = "privacy.dp" if dp is not None else "privacy.secagg"
         return (f"strategy.robust: cannot be combined with {what} (a robust rule must see each "
                 f"update; DP and SecAgg release only a noisy or masked sum)")
+    if secagg is not None and spec.compression.kind != "none":
+        return (f"privacy.secagg: cannot be combined with compression.kind "
+                f"{spec.compression.kind!r} (SecAgg+ masks each client's dense fixed-point "
+                f"update; the masked vector cannot be compressed)")
     if secagg is not None and dp is not None and dp.mode != "distributed":
         return ("privacy.secagg: combines with privacy.dp only in privacy.dp.mode: distributed "
                 "(each client adds its noise share before masking)")

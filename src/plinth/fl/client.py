@@ -8,10 +8,15 @@ A client is any object with
 `ClientRunner.handle(bytes) -> bytes` decodes a message, calls the client, and encodes the reply.
 It sends the *delta* (new minus received parameters), compressed as the task asks. An exception in
 the user's code becomes an `ErrorRes` reply, so the server sees a failure, not a dead client.
+
+In a SecAgg+ round (`SecAggIns`) the runner trains on the setup message and keeps the round's
+state (`plinth.fl.privacy.secagg_round.ClientRound`: its keys, the shares it holds, its
+encoded update) until the unmask stage; the plaintext update never leaves the client.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import traceback
 from collections.abc import Callable
@@ -33,7 +38,10 @@ from plinth.fl.messages import (
     FitRes,
     Metrics,
     NDArrays,
+    SecAggIns,
 )
+
+log = logging.getLogger("plinth.fl.client")
 
 
 class Client(Protocol):
@@ -48,7 +56,9 @@ class ClientRunner:
     def __init__(self, client: Client, compressor: Compressor | None = None,
                  state_path: Path | None = None,
                  tamper: Callable[[NDArrays, int], NDArrays] | None = None,
-                 privatize: Callable[[NDArrays, int], NDArrays] | None = None) -> None:
+                 privatize: Callable[[NDArrays, int], NDArrays] | None = None,
+                 secagg_sessions: dict[int, Any] | None = None,
+                 noise_seed: int | None = None) -> None:
         self.client = client
         self.privatize = privatize  # local DP (app `privacy.local_dp`): clip + noise the delta
         self.compressor = compressor or Compressor()
@@ -56,12 +66,22 @@ class ClientRunner:
         # Virtual clients in a process pool may land on any worker: keep the error-feedback
         # residual in a file so it follows the client, not the process.
         self.state_path = state_path
+        # SecAgg+ rounds in progress (round → ClientRound). A pool worker passes the dict it
+        # keeps for this client id, so the state outlives this runner (PoolTransport routes a
+        # client's messages to one worker).
+        self.secagg_sessions: dict[int, Any] = {} if secagg_sessions is None \
+            else secagg_sessions
+        # distributed DP's noise share: seeded from (noise_seed, round), reproducible for
+        # simulation; None draws it from a CSPRNG (ChaChaNoise)
+        self.noise_seed = noise_seed
 
     def handle(self, payload: bytes | bytearray) -> bytearray:
         msg = serde.decode(payload)
         try:
             if isinstance(msg, FitIns):
                 return serde.encode(self._fit(msg))
+            if isinstance(msg, SecAggIns):
+                return serde.encode(self._secagg(msg))
             if isinstance(msg, EvaluateIns):
                 loss, n, metrics = self.client.evaluate(msg.parameters, dict(msg.config))
                 return serde.encode(EvaluateRes(msg.round, float(loss), int(n), _floats(metrics)))
@@ -72,21 +92,70 @@ class ClientRunner:
             return serde.encode(ErrorRes(msg.round, f"{type(e).__name__}: {e} "
                                                     f"({Path(last.filename).name}:{last.lineno})"))
 
-    def _fit(self, ins: FitIns) -> FitRes:
+    def _delta(self, ins: FitIns) -> tuple[NDArrays, bool, int, Metrics]:
+        """Train; (the delta, whether it fits the model, examples, metrics)."""
         config = {**ins.config, "round": ins.round}
         new, n, metrics = self.client.fit(ins.parameters, config)
         delta = [_minus(np.asarray(a), np.asarray(b)) for a, b in zip(new, ins.parameters)]
-        if len(new) != len(ins.parameters) or any(d is None for d in delta):
-            delta = list(new)  # does not fit the model: send as is; the server rejects and logs it
-        elif self.tamper is not None:
+        fits = len(new) == len(ins.parameters) and not any(d is None for d in delta)
+        if not fits:
+            return list(new), False, int(n), metrics
+        if self.tamper is not None:
             delta = self.tamper(delta, ins.round)
-        if self.privatize is not None and len(new) == len(ins.parameters) \
-                and not any(d is None for d in delta):
+        if self.privatize is not None:
             delta = self.privatize(delta, ins.round)
+        return delta, True, int(n), metrics
+
+    def _fit(self, ins: FitIns) -> FitRes:
+        # a delta that does not fit the model goes as is; the server rejects and logs it
+        delta, _, n, metrics = self._delta(ins)
         self._load_residual()
         arrays, codec, meta = self.compressor.encode(delta)
         self._save_residual()
         return FitRes(ins.round, arrays, int(n), _floats(metrics), codec, meta)
+
+    def _secagg(self, ins: SecAggIns) -> Any:
+        """One SecAgg+ stage. Setup trains and encodes; the later stages need the round's
+        state. A refused message (replayed, out of turn, malformed) is logged and answered with
+        an `ErrorRes` (by `handle`), and the round's state stays as it was."""
+        from plinth.fl.privacy.secagg import SecAggError
+        from plinth.fl.privacy.secagg_round import (
+            SETUP,
+            ClientRound,
+            noisy_vector,
+            setup_from_meta,
+        )
+
+        sessions = self.secagg_sessions
+        if ins.stage != SETUP:
+            session = sessions.get(ins.round)
+            if session is None:
+                why = f"{ins.stage} for round {ins.round}, which this client has no state for"
+                log.warning("secagg: %s", why)
+                raise SecAggError(why)
+            res = session.answer(ins)
+            if ins.stage == "unmask":
+                del sessions[ins.round]
+            return res
+        if ins.round in sessions:
+            why = f"a second setup for round {ins.round} (replayed)"
+            log.warning("secagg: %s", why)
+            raise SecAggError(why)
+        cfg, index, dp, fit_config = setup_from_meta(ins.meta)
+        delta, fits, _, _ = self._delta(FitIns(ins.round, ins.arrays, fit_config))
+        if not fits:
+            raise SecAggError("the trained model does not have the server model's shapes")
+        noise = None
+        if dp is not None:
+            from plinth.fl.privacy.dp import ChaChaNoise, NumpyNoise
+
+            noise = (ChaChaNoise() if self.noise_seed is None else
+                     NumpyNoise(np.random.default_rng([self.noise_seed, ins.round, 0xDD])))
+        flat = np.concatenate([np.asarray(d, np.float64).reshape(-1) for d in delta])
+        session = ClientRound(cfg, index, noisy_vector(flat, dp, noise))
+        sessions.clear()  # rounds this client dropped out of: their state goes
+        sessions[ins.round] = session
+        return session.advertise()
 
     def _load_residual(self) -> None:
         if self.state_path is not None and self.state_path.exists():
@@ -124,6 +193,7 @@ class AppClients:
         self.parts = client_partitions(spec.data, self.train, num_clients, spec.seed)
         self.state_dir = Path(state_dir) if state_dir else None
         self.attackers: frozenset[int] = frozenset()
+        self.secagg_sessions: dict[int, dict[int, Any]] = {}  # per client id, see ClientRunner
         if spec.attack is not None:
             from plinth.fl.robust.attacks import choose_attackers
 
@@ -161,7 +231,12 @@ class AppClients:
         privatize = None
         if self.spec.privacy.local_dp is not None:
             privatize = local_dp_privatizer(self.spec.privacy.local_dp, self.spec.seed, cid)
-        return ClientRunner(self.client(cid), comp, path, tamper, privatize)
+        dp = self.spec.privacy.dp
+        noise_seed = None
+        if dp is not None and dp.noise == "numpy":
+            noise_seed = self.spec.seed * 1_000_003 + cid
+        return ClientRunner(self.client(cid), comp, path, tamper, privatize,
+                            self.secagg_sessions.setdefault(cid, {}), noise_seed)
 
 
 def local_dp_privatizer(spec: LocalDPSpec, seed: int, cid: int

@@ -28,11 +28,6 @@ def run_server(app_path: str, *, address: str, rounds: int | None = None, resume
             raise SpecError(f"{app_path}: transport.tls: the server needs both cert and key")
         cert = _read(spec.resolve(t.tls.cert), "transport.tls.cert")
         key = _read(spec.resolve(t.tls.key), "transport.tls.key")
-    if spec.privacy.secagg is not None:
-        # the in-process driver would hand this server every plaintext update: refuse, so a
-        # deployment never believes it has secure aggregation when it has not
-        raise SpecError(f"{app_path}: privacy.secagg: runs only in `plinth fl sim` for now "
-                        f"(the gRPC transport does not carry the SecAgg+ messages yet)")
     model, params = initial_model(spec)
     ckpt = Checkpointer(spec.resolve(spec.checkpoint_dir)) if spec.checkpoint_dir else None
     if resume and ckpt is None:

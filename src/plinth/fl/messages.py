@@ -68,6 +68,32 @@ class ErrorRes:
 
 
 @dataclass(slots=True)
+class SecAggIns:
+    """Server → client: one stage of a SecAgg+ round (`plinth.fl.privacy.secagg_round`).
+
+    Stage "setup" carries the model in `arrays` and, in `meta`, the fit config and the round's
+    public SecAgg+ parameters: the client trains, encodes its update and advertises its keys.
+    The later stages ("share_keys", "masked_input", "unmask") carry the protocol's server
+    message, its scalar fields in `meta` and its ids, keys and ciphertexts as numeric arrays.
+    """
+
+    round: int
+    stage: str
+    arrays: NDArrays
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class SecAggRes:
+    """Client → server: its SecAgg+ message for the stage ("advertise" answers "setup")."""
+
+    round: int
+    stage: str
+    arrays: NDArrays
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
 class Failure:
     """A client that did not contribute to a round, and why. Strategies receive these as data."""
 

@@ -1,13 +1,16 @@
-"""Round safeguards from the app spec: robust aggregation, central DP, SecAgg (simulation), consent.
+"""Round safeguards from the app spec: robust aggregation, central DP, SecAgg+, consent.
 
 The server asks a `Safeguards` object three things in a synchronous round:
 
 1. `start_round`: may the round run at all (DP: not when it would exceed the ε budget; robust
    rules: not with fewer clients than the rule needs), and who is selected (consent: only
    clients with live consent for the purpose; every exclusion and selection is audited);
-2. `begin`: the round's accumulator. Robust rules, DP and SecAgg need every update of the round
+2. `begin`: the round's accumulator. Robust rules and central DP need every update of the round
    at once, so they get a `CollectingAggregator`, which keeps the n updates (O(n·model) memory,
-   where the streaming FedAvg engine keeps O(model));
+   where the streaming FedAvg engine keeps O(model)). A SecAgg+ round never holds an update:
+   the server drives the protocol over the transport (`plinth.fl.privacy.secagg_round`) with
+   `secagg_config` and `distributed_dp` from here, and `secagg_aggregator` turns the unmasked
+   sum into the round's aggregate (and accounts distributed DP);
 3. `end_round`: metrics for the round record (ε, clip, the rule's reason) and the consent
    participation log.
 
@@ -22,7 +25,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -33,11 +36,19 @@ from plinth.fl.messages import ClientInfo, Failure, Metrics, NDArrays
 from plinth.fl.robust import aggregators as rules
 from plinth.fl.strategies.base import Strategy
 
+if TYPE_CHECKING:
+    from plinth.fl.privacy.secagg import SecAggConfig
+    from plinth.fl.privacy.secagg_round import DistributedDP, ServerRound
+
 log = logging.getLogger("plinth.fl.safeguards")
 
 # vector, metrics, reason
 Reduced = tuple[np.ndarray, Metrics, str]
 Reduce = Callable[[np.ndarray, np.ndarray], Reduced]
+
+
+def _no_reduce(rows: np.ndarray, weights: np.ndarray) -> Reduced:
+    raise PlinthError("aggregator: this round has no updates to reduce")
 
 
 def flatten(arrays: NDArrays) -> np.ndarray:
@@ -74,6 +85,16 @@ class CollectingAggregator:
         self.metrics: Metrics = {}
         self.reason = ""
         self._mean: NDArrays | None = None
+
+    @classmethod
+    def reduced(cls, template: NDArrays, count: int, vec: np.ndarray, metrics: Metrics,
+                reason: str) -> CollectingAggregator:
+        """An aggregator closed on a result computed elsewhere (a SecAgg+ sum of `count`
+        updates): `mean()` returns `vec` shaped like the model."""
+        acc = cls(template, _no_reduce)
+        acc.count, acc.metrics, acc.reason = count, metrics, reason
+        acc._mean = unflatten(vec, acc.template)
+        return acc
 
     def add(self, arrays: NDArrays, weight: float) -> None:
         rejected = self.add_many([(arrays, weight)])
@@ -334,7 +355,7 @@ class Safeguards:
             reduce = self._robust(r, params)
         elif self.dp is not None and self.secagg is None:
             reduce = self._dp(r, len(chosen))
-        else:  # SecAgg, with each client's distributed-DP noise share when privacy.dp is on
+        else:  # SecAgg over collected updates, in one process: see _secagg
             reduce = self._secagg(r, len(chosen))
         return CollectingAggregator(params, reduce)
 
@@ -383,70 +404,94 @@ class Safeguards:
 
         return reduce
 
-    def _noise_shares(self, r: int, rows: np.ndarray, m: int) -> tuple[np.ndarray, Metrics]:
-        """Distributed DP: what each client sends into SecAgg, its clipped update plus its share
-        N(0, (z·C)²/m) of the noise (plinth.fl.privacy.dp.distributed_noise_share), seeded per
-        client and round from the app seed (numpy) or from a CSPRNG (chacha).
+    # -- SecAgg+ ------------------------------------------------------------------------------
 
-        In the simulation the server process adds the shares for the clients just before
-        masking; the masked values, and so the sum the server unmasks, are as if each client
-        had. The round is accounted as DP-FedAvg with multiplier z·sqrt(min(n, m)/m), n the
-        updates that reached SecAgg (all assumed honest): fewer than m clients lower the noise.
-        """
-        from plinth.fl.privacy.dp import ChaChaNoise, NumpyNoise, distributed_noise_share
-
-        dp, d = self.dp, self.dp_spec
-        assert dp is not None and d is not None
-        out = np.empty_like(rows, dtype=np.float64)
-        norms = np.linalg.norm(rows, axis=1)
-        for i, row in enumerate(rows):
-            noise = (NumpyNoise(np.random.default_rng([self.seed, r, i, 0xDD]))
-                     if d.noise == "numpy" else ChaChaNoise())
-            out[i] = distributed_noise_share(row, clip_norm=dp.clip_norm,
-                                             noise_multiplier=dp.noise_multiplier,
-                                             min_honest_clients=m, noise=noise)
-        n = rows.shape[0]
-        z_eff = dp.noise_multiplier * math.sqrt(min(n, m) / m)
-        eps = dp.accountant.step(noise_multiplier=z_eff, sample_rate=self.sample_rate)
-        share_std = dp.noise_multiplier * dp.clip_norm / math.sqrt(m)
-        return out, {"epsilon": eps, "dp_clip": dp.clip_norm,
-                     "dp_clipped": float(np.sum(norms > dp.clip_norm)),
-                     "dp_noise_std": share_std * math.sqrt(n), "dp_noise_multiplier": z_eff,
-                     "dp_sample_rate": self.sample_rate}
-
-    def _secagg(self, r: int, expected: int) -> Reduce:
+    def secagg_config(self, r: int, n: int, d: int) -> SecAggConfig:
+        """Round r's public SecAgg+ parameters for n clients and d-value updates."""
         spec = self.secagg
         assert spec is not None
         from plinth.fl.privacy.secagg import SecAggConfig
-        from plinth.fl.privacy.secagg_driver import run_secagg_round
 
-        distributed = self.dp is not None and self.dp_spec is not None
+        degree = None if spec.neighbours is None else min(spec.neighbours, n - 1)
+        return SecAggConfig(client_ids=tuple(range(n)), vector_len=d, round_id=r,
+                            clip=spec.clip, scale=spec.scale, full_graph=spec.full_graph,
+                            degree=degree, threshold_fraction=spec.threshold,
+                            graph_seed=self.seed * 1_000_003 + r)
+
+    def distributed_dp(self, expected: int) -> DistributedDP | None:
+        """With privacy.dp.mode distributed: the noise share each client adds before masking;
+        m is min_honest_clients, by default the round's selected clients."""
+        if self.dp is None or self.dp_spec is None or self.secagg is None:
+            return None
+        from plinth.fl.privacy.secagg_round import DistributedDP
+
+        return DistributedDP(self.dp.clip_norm, self.dp.noise_multiplier,
+                             self.dp_spec.min_honest_clients or expected)
+
+    def secagg_reduce(self, r: int, total: np.ndarray, survivors: int, expected: int
+                      ) -> Reduced:
+        """The round's aggregate delta from the unmasked sum of `survivors` clients.
+
+        Without DP it is their unweighted mean. With distributed DP it is the noisy sum over
+        the number selected (DP-FedAvg's fixed denominator), and the round is accounted as
+        DP-FedAvg with multiplier z·sqrt(min(n, m)/m), n the survivors (all assumed honest):
+        fewer than m clients lower the noise.
+        """
+        ddp = self.distributed_dp(expected)
+        if ddp is None:
+            return total / max(1, survivors), {"secagg_survivors": float(survivors)}, \
+                f"secagg: unweighted mean of {survivors} masked updates"
+        dp = self.dp
+        assert dp is not None
+        m = ddp.min_honest_clients
+        z_eff = dp.noise_multiplier * math.sqrt(min(survivors, m) / m)
+        eps = dp.accountant.step(noise_multiplier=z_eff, sample_rate=self.sample_rate)
+        share_std = dp.noise_multiplier * dp.clip_norm / math.sqrt(m)
+        metrics = {"secagg_survivors": float(survivors), "epsilon": eps,
+                   "dp_clip": dp.clip_norm, "dp_noise_std": share_std * math.sqrt(survivors),
+                   "dp_noise_multiplier": z_eff, "dp_sample_rate": self.sample_rate}
+        return total / max(1, expected), metrics, \
+            (f"secagg + distributed DP: noisy sum of {survivors} masked updates / {expected}, "
+             f"epsilon={eps:.4f}")
+
+    def secagg_aggregator(self, r: int, rnd: ServerRound, template: NDArrays, expected: int
+                          ) -> CollectingAggregator:
+        """The round's result as an accumulator the strategy can apply: the unmasked sum
+        reduced by `secagg_reduce`, or nothing (the model stays) when the round aborted."""
+        n, rejected = len(rnd.cids), float(len(rnd.secagg.rejections))
+        if rnd.result is None:
+            acc = CollectingAggregator(template, _no_reduce)
+            acc.metrics = {"secagg_aborted": 1.0, "secagg_survivors": 0.0,
+                           "secagg_dropped": float(n - len(rnd.alive)),
+                           "secagg_rejected": rejected}
+            acc.reason = f"secagg aborted: {rnd.secagg.abort_reason or 'unfinished'}"
+            return acc
+        survivors = len(rnd.result.survivors)
+        vec, metrics, reason = self.secagg_reduce(r, rnd.total(), survivors, expected)
+        metrics = {**metrics, "secagg_dropped": float(n - survivors),
+                   "secagg_rejected": rejected}
+        return CollectingAggregator.reduced(template, survivors, vec, metrics, reason)
+
+    def _secagg(self, r: int, expected: int) -> Reduce:
+        """SecAgg+ of updates already collected in this process: the same client encoding,
+        protocol and reduction as a round over the transport (`Server` runs those), with every
+        party in one process. For tests and benchmarks of the arithmetic; the server of a
+        federated task never calls it."""
+        from plinth.fl.privacy.dp import ChaChaNoise, NumpyNoise
+        from plinth.fl.privacy.secagg_driver import run_secagg_round
+        from plinth.fl.privacy.secagg_round import noisy_vector
 
         def reduce(rows: np.ndarray, weights: np.ndarray) -> Reduced:
             n, d = rows.shape
             if n < 3:
                 log.warning("round %d: SecAgg needs 3 updates, got %d; the model stays", r, n)
                 return np.zeros(d), {"secagg_skipped": 1.0}, "too few updates for SecAgg"
-            dp_metrics: Metrics = {}
-            if distributed:
-                assert self.dp_spec is not None
-                m = self.dp_spec.min_honest_clients or expected
-                rows, dp_metrics = self._noise_shares(r, rows, m)
-            degree = None if spec.neighbours is None else min(spec.neighbours, n - 1)
-            cfg = SecAggConfig(client_ids=tuple(range(n)), vector_len=d, round_id=r,
-                               clip=spec.clip, scale=spec.scale, full_graph=spec.full_graph,
-                               degree=degree, threshold_fraction=spec.threshold,
-                               graph_seed=self.seed * 1_000_003 + r)
-            out = run_secagg_round(cfg, {i: rows[i] for i in range(n)})
-            survivors = len(out.result.survivors)
-            if distributed:
-                # DP-FedAvg's fixed denominator: the number selected, not the number that replied
-                return out.total / max(1, expected), \
-                    {"secagg_survivors": float(survivors), **dp_metrics}, \
-                    (f"secagg + distributed DP: noisy sum of {survivors} masked updates / "
-                     f"{expected}, epsilon={dp_metrics['epsilon']:.4f}")
-            return out.mean, {"secagg_survivors": float(survivors)}, \
-                f"secagg: unweighted mean of {survivors} masked updates"
+            ddp = self.distributed_dp(expected)
+            numpy = self.dp_spec is not None and self.dp_spec.noise == "numpy"
+            inputs = {i: noisy_vector(rows[i], ddp, NumpyNoise(np.random.default_rng(
+                [self.seed, r, i, 0xDD])) if numpy else ChaChaNoise()) for i in range(n)}
+            out = run_secagg_round(self.secagg_config(r, n, d), inputs)
+            return self.secagg_reduce(r, out.total, len(out.result.survivors), expected)
 
         return reduce
 

@@ -15,7 +15,9 @@ buffer raises `SerdeError`, one line that says what is wrong.
 
 from __future__ import annotations
 
+import functools
 import json
+import math
 import struct
 from collections.abc import Iterator
 from dataclasses import fields
@@ -32,6 +34,8 @@ from plinth.fl.messages import (
     FitIns,
     FitRes,
     NDArrays,
+    SecAggIns,
+    SecAggRes,
 )
 
 MAGIC = b"PLF1"
@@ -42,6 +46,7 @@ _PREFIX = struct.Struct("<4sI")
 ALLOWED_DTYPES = frozenset(
     np.dtype(t).newbyteorder("<").str
     for t in ("f2", "f4", "f8", "i1", "i2", "i4", "i8", "u1", "u2", "u4", "u8", "b1"))
+_DTYPES = {t: np.dtype(t) for t in ALLOWED_DTYPES}  # decode looks each one up, never parses
 
 
 class SerdeError(PlinthError):
@@ -56,6 +61,8 @@ _KINDS: dict[str, tuple[type, str | None]] = {
     "evaluate_res": (EvaluateRes, None),
     "error_res": (ErrorRes, None),
     "client_info": (ClientInfo, None),
+    "secagg_ins": (SecAggIns, "arrays"),
+    "secagg_res": (SecAggRes, "arrays"),
     "arrays": (list, None),
 }
 _KIND_OF = {cls: kind for kind, (cls, _) in _KINDS.items() if cls is not list}
@@ -124,15 +131,15 @@ def _unpack(buf: bytes | bytearray | memoryview) -> tuple[str, dict[str, Any], N
     arrays: NDArrays = []
     for i, s in enumerate(specs):
         try:
-            dt, off = np.dtype(s["dtype"]), int(s["offset"])
+            dt, off = _DTYPES.get(s["dtype"]), int(s["offset"])
             shape = tuple(int(d) for d in s["shape"])
         except (KeyError, TypeError, ValueError) as e:
             raise SerdeError(f"corrupt message: array {i}: bad spec ({e})") from None
-        if dt.str not in ALLOWED_DTYPES:
+        if dt is None:
             raise SerdeError(f"corrupt message: array {i}: dtype {s['dtype']!r} is not allowed")
         if any(d < 0 for d in shape):
             raise SerdeError(f"corrupt message: array {i}: negative dimension in {shape}")
-        count = int(np.prod(shape, dtype=np.int64))
+        count = math.prod(shape)
         end = off + count * dt.itemsize
         if off < _PREFIX.size + hlen or end > mv.nbytes or off % ALIGN:
             raise SerdeError(f"corrupt message: array {i}: bytes {off}..{end} outside the "
@@ -165,6 +172,11 @@ def encode(msg: Any) -> bytearray:
     return _pack(kind, meta, arrays)
 
 
+@functools.cache
+def _field_names(cls: type) -> frozenset[str]:
+    return frozenset(f.name for f in fields(cls))
+
+
 def decode(buf: bytes | bytearray | memoryview, expect: type | None = None) -> Any:
     """The message in `buf`; its arrays are views into `buf`. `expect` checks the kind."""
     kind, meta, arrays = _unpack(buf)
@@ -173,8 +185,7 @@ def decode(buf: bytes | bytearray | memoryview, expect: type | None = None) -> A
         raise SerdeError("corrupt message: a bare array list is not a message")
     if expect is not None and cls is not expect and cls is not ErrorRes:
         raise SerdeError(f"corrupt message: expected {_KIND_OF[expect]}, got {kind}")
-    names = {f.name for f in fields(cls)}
-    unknown = set(meta) - names
+    unknown = set(meta) - _field_names(cls)
     if unknown:
         raise SerdeError(f"corrupt message: {kind} has unknown fields {sorted(unknown)}")
     if array_field:

@@ -7,7 +7,9 @@ round, of the wrong shape or dtype, or holding NaN/Inf becomes a `Failure` recor
 to the strategy), never an exception.
 
 Synchronous strategies run rounds: select, send, fold until all reply or the straggler timeout,
-aggregate, evaluate, checkpoint. Asynchronous strategies (FedBuff, FedAsync) keep `concurrency`
+aggregate, evaluate, checkpoint. With `privacy.secagg` a round is the four SecAgg+ stages
+instead (`_secagg_round`): the server sends each stage's messages, waits up to the straggler
+timeout per stage, and only ever holds masked vectors and the unmasked sum. Asynchronous strategies (FedBuff, FedAsync) keep `concurrency`
 clients busy and step the model whenever the strategy is `ready`; a "round" is then one model
 version.
 """
@@ -64,6 +66,7 @@ class RoundRecord:
     updates: int
     failures: list[dict[str, Any]] = field(default_factory=list)
     metrics: dict[str, float] = field(default_factory=dict)
+    reason: str = ""  # why the aggregate is what it is, e.g. why a SecAgg+ round aborted
 
 
 def eligible(clients: list[ClientInfo], rule: EligibilitySpec) -> list[ClientInfo]:
@@ -199,6 +202,8 @@ class Server:
             if item is not None:
                 cids.append(cid)
                 items.append(item)
+        if hasattr(acc, "name_updates"):  # the aggregator tree reports rejections late, by name
+            acc.name_updates(cids)
         for j, why in self.strategy.accept_many(acc, items):
             self._reject(cids[j], version, why, failures)
         return size
@@ -213,12 +218,14 @@ class Server:
         if guard is None:
             chosen = select(pool, fraction=self.cfg.fraction, min_clients=self.cfg.min_clients,
                             rng=rng)
-            acc = self.strategy.begin(r)
+            acc = self.strategy.begin(r, expected=len(chosen), aggregation=self.cfg.aggregation)
         else:
             chosen, self.stopped = guard.start_round(r, pool, fraction=self.cfg.fraction,
                                                      min_clients=self.cfg.min_clients, rng=rng)
             if self.stopped is not None:
                 return None
+            if guard.secagg is not None:
+                return self._secagg_round(r, chosen)
             acc = guard.begin(r, self.strategy, chosen)
         payload = serde.encode(FitIns(r, self.strategy.parameters, self.strategy.fit_config(r)))
         futures = {self.transport.submit(cid, payload): cid for cid in chosen}
@@ -237,6 +244,8 @@ class Server:
             f.cancel()
             failures.append(Failure(futures[f], r, "timeout",
                                     f"no reply within {self.cfg.straggler_timeout:g}s"))
+        for cid, why in getattr(acc, "settle", list)():  # the tree's: NaN/Inf, a dead leaf
+            self._reject(cid, r, why, failures)
         _, metrics = self.strategy.aggregate_fit(r, acc, failures)
         if guard is not None:
             metrics = {**metrics, **guard.end_round(r, acc, chosen, failures)}
@@ -245,28 +254,79 @@ class Server:
                            int(metrics.get("updates", 0)), [asdict(f) for f in failures],
                            metrics)
 
+    def _secagg_round(self, r: int, chosen: list[str]) -> RoundRecord:
+        """One SecAgg+ round: setup (train + advertise keys), share keys, masked input, unmask.
+
+        A client that does not answer a stage in time, or whose reply is refused, is a dropout
+        from then on; Shamir recovery removes its masks. When too few are left the round aborts:
+        the model stays, the record says why, and no client's update is revealed.
+        """
+        from plinth.fl.privacy.secagg import SecAggAbort
+        from plinth.fl.privacy.secagg_round import ServerRound
+
+        guard = self.safeguards
+        assert guard is not None
+        d = sum(math.prod(shape) for shape, _ in self.template)
+        rnd = ServerRound(guard.secagg_config(r, len(chosen), d), chosen)
+        requests = rnd.setup(self.strategy.parameters, self.strategy.fit_config(r),
+                             guard.distributed_dp(len(chosen)))
+        failures: list[Failure] = []
+        up = down = 0
+        try:
+            while requests:
+                down += sum(len(p) for p in requests.values())
+                for cid, reply in self._exchange(r, requests, failures, rnd.stage):
+                    up += len(reply)
+                    failed = rnd.receive(cid, reply)
+                    if failed is not None:
+                        failures.append(Failure(cid, r, *failed))
+                requests = rnd.advance()
+        except SecAggAbort as e:
+            log.warning("round %d: SecAgg+ aborted (%s); the model stays", r, e)
+        acc = guard.secagg_aggregator(r, rnd, self.strategy.parameters, len(chosen))
+        _, metrics = self.strategy.aggregate_fit(r, acc, failures)
+        metrics = {**metrics, **guard.end_round(r, acc, chosen, failures)}
+        acc.close()
+        return RoundRecord(r, None, None, 0.0, up, down, chosen, int(metrics.get("updates", 0)),
+                           [asdict(f) for f in failures], metrics, acc.reason)
+
+    def _exchange(self, r: int, requests: dict[str, bytes | bytearray], failures: list[Failure],
+                  what: str) -> list[tuple[str, bytes | bytearray]]:
+        """Send each client its request; the replies that arrive within the straggler timeout,
+        by client id. A timeout or a lost client becomes a `Failure`."""
+        futures = {self.transport.submit(cid, p): cid for cid, p in requests.items()}
+        done, pending = wait(futures, timeout=self.cfg.straggler_timeout)
+        for f in pending:
+            f.cancel()
+            failures.append(Failure(futures[f], r, "timeout", f"no {what} reply within "
+                                    f"{self.cfg.straggler_timeout:g}s"))
+        out = []
+        for f in sorted(done, key=lambda f: futures[f]):
+            try:
+                out.append((futures[f], f.result()))
+            except Exception as e:  # noqa: BLE001 - a lost client is data
+                failures.append(Failure(futures[f], r, "lost", f"{type(e).__name__}: {e}"))
+        return out
+
     def federated_evaluate(self, r: int, clients: list[str]) -> tuple[float, Metrics]:
         """Evaluate on the clients' own data (when the server holds no test set)."""
         if not clients:
             return float("nan"), {}
         payload = serde.encode(EvaluateIns(r, self.strategy.parameters, {}))
-        futures = {self.transport.submit(cid, payload): cid for cid in clients}
-        done, pending = wait(futures, timeout=self.cfg.straggler_timeout)
         results, failures = [], []
-        for f in pending:
-            f.cancel()
-            failures.append(Failure(futures[f], r, "timeout", "no evaluation reply"))
-        for f in done:
+        for cid, reply in self._exchange(r, dict.fromkeys(clients, payload), failures,
+                                         "evaluation"):
             try:
-                res = serde.decode(f.result(), expect=EvaluateRes)
-                if isinstance(res, ErrorRes):
-                    failures.append(Failure(futures[f], r, "error", res.message))
-                elif res.round != r or not math.isfinite(res.loss):
-                    failures.append(Failure(futures[f], r, "rejected", "bad evaluation reply"))
-                else:
-                    results.append(res)
-            except Exception as e:  # noqa: BLE001 - a lost client or corrupt reply is data
-                failures.append(Failure(futures[f], r, "lost", f"{type(e).__name__}: {e}"))
+                res = serde.decode(reply, expect=EvaluateRes)
+            except PlinthError as e:
+                failures.append(Failure(cid, r, "rejected", str(e)))
+                continue
+            if isinstance(res, ErrorRes):
+                failures.append(Failure(cid, r, "error", res.message))
+            elif res.round != r or not math.isfinite(res.loss):
+                failures.append(Failure(cid, r, "rejected", "bad evaluation reply"))
+            else:
+                results.append(res)
         return self.strategy.aggregate_evaluate(r, results, failures)
 
     def _finish(self, r: int, rec: RoundRecord, on_round: Callable | None) -> None:

@@ -78,7 +78,8 @@ def make_safeguards(spec: AppSpec) -> Safeguards:
 
 # per-round metrics the JSON carries when the app turns the feature on
 _ROUND_METRICS = ("epsilon", "dp_clip", "dp_clipped", "dp_noise_std", "local_epsilon",
-                  "backdoor_success", "robust_selected", "secagg_survivors")
+                  "backdoor_success", "robust_selected", "secagg_survivors", "secagg_dropped",
+                  "secagg_aborted", "leaves")
 
 
 def summary(spec: AppSpec, records: list[RoundRecord], clients: int,
@@ -87,7 +88,8 @@ def summary(spec: AppSpec, records: list[RoundRecord], clients: int,
                "seconds": round(r.seconds, 4), "bytes_up": r.bytes_up,
                "bytes_down": r.bytes_down, "updates": r.updates,
                "failures": len(r.failures), "clients": list(r.clients),
-               **{k: r.metrics[k] for k in _ROUND_METRICS if k in r.metrics}}
+               **{k: r.metrics[k] for k in _ROUND_METRICS if k in r.metrics},
+               **({"reason": r.reason} if r.reason else {})}
               for r in records]
     accs = [r.accuracy for r in records if r.accuracy is not None]
     extra: dict[str, Any] = {}
@@ -201,7 +203,7 @@ def run_sim(app_path: str, *, clients: int, rounds: int | None = None,
         state_dir = str(Path(ckpt.dir) / "clients") if ckpt else tmp
         Path(state_dir).mkdir(parents=True, exist_ok=True)
         transport = PoolTransport(app_path, ov, clients, sizes, workers=workers,
-                                  state_dir=state_dir)
+                                  state_dir=state_dir, sticky=spec.privacy.secagg is not None)
         server, records = serve_rounds(spec, transport, model, params, ckpt=ckpt,
                                        resume=resume, on_round=on_round, on_start=on_start)
     return summary(spec, records, clients, server.stopped)

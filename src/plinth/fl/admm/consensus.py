@@ -83,6 +83,8 @@ class Site:
     pi: float
     rng: np.random.Generator
     config: ADMMConfig
+    trace: bool = False  # keep each iteration's encoded pi_i y_i in sent_values (for audits)
+    sent_values: list[np.ndarray] = field(default_factory=list)
     lam: np.ndarray = field(init=False)
     z: np.ndarray = field(init=False)
     _x: np.ndarray | None = None
@@ -108,6 +110,8 @@ class Site:
             )
             for p in partners
         }
+        if self.trace:
+            self.sent_values.append(value.copy())
         kept = value.copy()
         for r in out.values():
             kept -= r

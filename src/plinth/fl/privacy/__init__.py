@@ -1,6 +1,7 @@
 """Federated learning privacy: SecAgg+ secure aggregation, differential privacy, consent.
 
 - ``secagg`` / ``secagg_messages`` / ``secagg_driver``: SecAgg+ state machines, wire messages, an in-process round.
+- ``secagg_round``: SecAgg+ over the FL transport (the server's stage driver, a client's round state).
 - ``shamir``: Shamir secret sharing over a 257-bit prime field.
 - ``masking``: fixed-point encoding, HKDF, ChaCha20 mask expansion, neighbour graphs.
 - ``dp``: DP-FedAvg, adaptive clipping, local and distributed DP, RDP/PLD accounting and budgets.

@@ -1,8 +1,9 @@
 """Run a whole SecAgg+ round in one process: for tests, benchmarks and the simulator.
 
 The driver is the "transport": it carries each client's message to the server and back, drops the
-clients named in ``drop`` before a stage, and measures time and bytes per party. Production wires
-the same ``ClientSecAgg`` / ``ServerSecAgg`` methods to a real transport instead.
+clients named in ``drop`` before a stage, and measures time and bytes per party. A federated task
+wires the same ``ClientSecAgg`` / ``ServerSecAgg`` methods to its transport instead
+(``secagg_round``).
 """
 
 from __future__ import annotations

@@ -51,7 +51,14 @@ class Strategy:
         """Extra config sent to clients with each fit (e.g. FedProx's mu)."""
         return {}
 
-    def begin(self, round: int) -> StreamingAggregator:
+    def begin(self, round: int, expected: int | None = None,
+              aggregation: Any = None) -> StreamingAggregator:
+        """The round's accumulator. With `aggregation` (the app's server.aggregation) in mode
+        tree, the strategy's elastic LIFL tree, scaled to `expected` updates."""
+        if aggregation is not None and aggregation.mode == "tree":
+            from plinth.fl.aggregate.tree import begin_tree
+
+            return begin_tree(self, aggregation, expected)  # type: ignore[return-value]
         return StreamingAggregator(self.parameters, threads=self.threads)
 
     def weight(self, num_examples: int, staleness: int) -> float:
@@ -85,7 +92,8 @@ class Strategy:
     def aggregate_fit(self, round: int, acc: StreamingAggregator,
                       failures: list[Failure]) -> tuple[NDArrays, Metrics]:
         """The next global model from the folded updates. With none, the model stays."""
-        metrics: Metrics = {"updates": float(acc.count), "failures": float(len(failures))}
+        metrics: Metrics = {"updates": float(acc.count), "failures": float(len(failures)),
+                            **getattr(acc, "tree_metrics", {})}  # leaves that ran
         if acc.count == 0:
             return self.parameters, {**metrics, "skipped": 1.0}
         self.apply(acc)

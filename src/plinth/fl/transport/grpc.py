@@ -72,6 +72,42 @@ def load_tokens(path: str) -> dict[str, str]:
     return out
 
 
+def message_options(chunk_size: int) -> list[tuple[str, int]]:
+    """gRPC channel/server options that admit one chunk (plus its framing) per message."""
+    return [("grpc.max_receive_message_length", chunk_size + (1 << 16)),
+            ("grpc.max_send_message_length", chunk_size + (1 << 16))]
+
+
+def listen(server: grpc.Server, target: str, cert: bytes | None, key: bytes | None) -> int:
+    """Bind `server` to `target` (TLS when both cert and key are given); the port, or a
+    one-line `PlinthError`."""
+    if cert is not None and key is not None:
+        port = server.add_secure_port(target, grpc.ssl_server_credentials([(key, cert)]))
+    else:
+        port = server.add_insecure_port(target)
+    if port == 0:
+        raise PlinthError(f"--address: cannot listen on {target}")
+    return port
+
+
+def open_channel(address: str, ca: bytes | None, chunk_size: int) -> grpc.Channel:
+    """A channel to `address`, pinning the CA `ca` when given (else plaintext)."""
+    opts = message_options(chunk_size)
+    if ca is not None:
+        return grpc.secure_channel(address, grpc.ssl_channel_credentials(ca), opts)
+    return grpc.insecure_channel(address, opts)
+
+
+def token_owner(tokens: dict[str, str], context: grpc.ServicerContext) -> str | None:
+    """The id whose token the call's ``authorization: Bearer`` header carries, or None."""
+    md = dict(context.invocation_metadata())
+    token = str(md.get("authorization", "")).removeprefix("Bearer ").strip()
+    for known, cid in tokens.items():
+        if hmac.compare_digest(known.encode(), token.encode()):
+            return cid
+    return None
+
+
 def _read(path: str | None, what: str) -> bytes | None:
     if path is None:
         return None
@@ -110,9 +146,8 @@ class GrpcTransport:
         self._lock = threading.Condition()
         self._closing = False
         self._told: set[str] = set()
-        opts = [("grpc.max_receive_message_length", chunk_size + (1 << 16)),
-                ("grpc.max_send_message_length", chunk_size + (1 << 16))]
-        self._server = grpc.server(ThreadPoolExecutor(workers), options=opts)
+        self._server = grpc.server(ThreadPoolExecutor(workers),
+                                   options=message_options(chunk_size))
         handlers = {
             "Join": grpc.unary_unary_rpc_method_handler(self._join),
             "Pull": grpc.unary_stream_rpc_method_handler(self._pull),
@@ -120,14 +155,7 @@ class GrpcTransport:
         }
         self._server.add_generic_rpc_handlers(
             (grpc.method_handlers_generic_handler(SERVICE, handlers),))
-        target = f"{host}:{port}"
-        if cert is not None and key is not None:
-            creds = grpc.ssl_server_credentials([(key, cert)])
-            self.port = self._server.add_secure_port(target, creds)
-        else:
-            self.port = self._server.add_insecure_port(target)
-        if self.port == 0:
-            raise PlinthError(f"--address: cannot listen on {target}")
+        self.port = listen(self._server, f"{host}:{port}", cert, key)
         self._server.start()
 
     # -- authentication -------------------------------------------------------------------------
@@ -135,17 +163,14 @@ class GrpcTransport:
     def _who(self, context: grpc.ServicerContext, claimed: str) -> str:
         if self.tokens is None:
             return claimed
-        md = dict(context.invocation_metadata())
-        auth = str(md.get("authorization", ""))
-        token = auth.removeprefix("Bearer ").strip()
-        for known, cid in self.tokens.items():
-            if hmac.compare_digest(known.encode(), token.encode()):
-                if claimed and claimed != cid:
-                    context.abort(grpc.StatusCode.PERMISSION_DENIED,
-                                  f"token belongs to {cid!r}, not {claimed!r}")
-                return cid
-        context.abort(grpc.StatusCode.UNAUTHENTICATED, "unknown or missing client token")
-        raise AssertionError  # abort raises
+        cid = token_owner(self.tokens, context)
+        if cid is None:
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, "unknown or missing client token")
+            raise AssertionError  # abort raises
+        if claimed and claimed != cid:
+            context.abort(grpc.StatusCode.PERMISSION_DENIED,
+                          f"token belongs to {cid!r}, not {claimed!r}")
+        return cid
 
     # -- RPC handlers ---------------------------------------------------------------------------
 
@@ -295,12 +320,7 @@ class GrpcClient:
         self.client_id, self.properties = client_id, properties or {}
         self.metadata = [("authorization", f"Bearer {token}")] if token else []
         self.chunk_size, self.connect_timeout = chunk_size, connect_timeout
-        opts = [("grpc.max_receive_message_length", chunk_size + (1 << 16)),
-                ("grpc.max_send_message_length", chunk_size + (1 << 16))]
-        if ca is not None:
-            self.channel = grpc.secure_channel(address, grpc.ssl_channel_credentials(ca), opts)
-        else:
-            self.channel = grpc.insecure_channel(address, opts)
+        self.channel = open_channel(address, ca, chunk_size)
         self.address = address
         self._join = self.channel.unary_unary(f"/{SERVICE}/Join")
         self._pull = self.channel.unary_stream(f"/{SERVICE}/Pull")

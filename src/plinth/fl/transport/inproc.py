@@ -2,7 +2,9 @@
 
 - `ThreadTransport` runs given `ClientRunner`s in a thread pool (tests, tiny federations).
 - `PoolTransport` runs an app's virtual clients in a process pool: each worker loads the app and
-  its data split once, then builds the client for whichever id a task names.
+  its data split once, then builds the client for whichever id a task names. With `sticky`
+  every client id has one worker process of its own (id mod workers), so state a client keeps
+  in memory between messages (a SecAgg+ round's keys and shares) is there for its next one.
 """
 
 from __future__ import annotations
@@ -59,19 +61,25 @@ def _run_task(cid: str, payload: bytes) -> bytes:
 
 
 class PoolTransport:
-    """Virtual clients ``0 … num_clients-1`` of the app at `app_path`, in `workers` processes."""
+    """Virtual clients ``0 … num_clients-1`` of the app at `app_path`, in `workers` processes.
+
+    By default any idle worker takes the next task. `sticky` gives each worker process its own
+    single-process pool and sends client id c to pool c mod workers, always the same process.
+    """
 
     def __init__(self, app_path: str, overrides: dict[str, Any], num_clients: int,
                  sizes: list[int], *, workers: int | None = None,
-                 state_dir: str | None = None) -> None:
+                 state_dir: str | None = None, sticky: bool = False) -> None:
         self.num_clients, self.sizes = num_clients, sizes
         self._workers = workers or max(1, min(num_clients, os.cpu_count() or 1))
         self._init = (app_path, overrides, num_clients, state_dir)
-        self._pool = self._start()
+        self._per_pool = 1 if sticky else self._workers
+        self._pools = [self._start(self._per_pool)
+                       for _ in range(self._workers // self._per_pool)]
 
-    def _start(self) -> ProcessPoolExecutor:
+    def _start(self, processes: int) -> ProcessPoolExecutor:
         # spawn, not fork: forking a process that has started torch or BLAS threads can hang.
-        return ProcessPoolExecutor(self._workers, mp_context=mp.get_context("spawn"),
+        return ProcessPoolExecutor(processes, mp_context=mp.get_context("spawn"),
                                    initializer=_init_worker, initargs=self._init)
 
     def clients(self) -> list[ClientInfo]:
@@ -81,13 +89,15 @@ class PoolTransport:
         return self.num_clients >= n
 
     def submit(self, cid: str, payload: bytes | bytearray) -> Future:
+        k = int(cid) % len(self._pools)
         try:
-            return self._pool.submit(_run_task, cid, bytes(payload))
+            return self._pools[k].submit(_run_task, cid, bytes(payload))
         except BrokenProcessPool:
             # A client killed its worker (its tasks already failed as "lost"): start a new pool.
-            self._pool.shutdown(wait=False, cancel_futures=True)
-            self._pool = self._start()
-            return self._pool.submit(_run_task, cid, bytes(payload))
+            self._pools[k].shutdown(wait=False, cancel_futures=True)
+            self._pools[k] = self._start(self._per_pool)
+            return self._pools[k].submit(_run_task, cid, bytes(payload))
 
     def close(self) -> None:
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        for pool in self._pools:
+            pool.shutdown(wait=True, cancel_futures=True)
