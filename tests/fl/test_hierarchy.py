@@ -8,8 +8,8 @@ from plinth.fl.aggregate.hierarchy import Hierarchy
 from plinth.fl.messages import FitRes
 
 
-def _shm_names():
-    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+def _exists(name):
+    return os.path.exists(f"/dev/shm/{name.lstrip('/')}")
 
 
 def test_tree_equals_flat_mean_rejects_bad_updates_and_frees_memory():
@@ -17,7 +17,6 @@ def test_tree_equals_flat_mean_rejects_bad_updates_and_frees_memory():
     template = [np.zeros((100, 30), np.float32), np.zeros(7, np.float32)]
     ups = [([rng.standard_normal(t.shape).astype(np.float32) for t in template],
             float(rng.integers(1, 20))) for _ in range(10)]
-    before = _shm_names()
     tree = Hierarchy(template, leaves=3)
     try:
         for k, (arrays, w) in enumerate(ups):
@@ -27,9 +26,12 @@ def test_tree_equals_flat_mean_rejects_bad_updates_and_frees_memory():
         tree.submit(serde.encode(FitRes(1, bad, 3)), 3.0, tag="nan")
         tree.submit(b"garbage", 1.0, tag="corrupt")
         got = tree.finish(timeout=60)
+        held = set(tree.blocks())  # the tree's own blocks, not other tests' running alongside
         # a second round through the same tree
         tree.submit(serde.encode(FitRes(2, ups[1][0], 1)), 1.0)
         again = tree.finish(timeout=60)
+        held |= set(tree.blocks())
+        assert held and all(_exists(n) for n in held)  # visible while the tree is up
     finally:
         tree.close()
     assert got.count == 10 and got.total_weight == sum(w for _, w in ups)
@@ -38,4 +40,4 @@ def test_tree_equals_flat_mean_rejects_bad_updates_and_frees_memory():
     assert sorted(tag for tag, _ in got.rejected) == ["corrupt", "nan"]
     assert again.count == 1
     np.testing.assert_allclose(again.mean()[0], ups[1][0][0], rtol=1e-6)
-    assert not ({n for n in _shm_names() - before if n.startswith("psm_")})
+    assert not [n for n in held if _exists(n)]

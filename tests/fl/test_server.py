@@ -203,3 +203,23 @@ def test_checkpoint_resume_continues_where_it_stopped(tmp_path):
     assert [r.round for r in recs] == [1, 2, 3]
     np.testing.assert_allclose(s2.strategy.parameters[0], 1 + 1.5 + 1.75)
     assert sorted(p.name for p in tmp_path.glob("round_*")) == ["round_000002", "round_000003"]
+
+
+def test_clients_that_lie_about_num_examples_are_rejected():
+    """FedAvg weights by the client's own num_examples: a claim past what the client declared
+    on joining, or one that is not a positive integer, is refused, so a liar cannot dominate."""
+    clients = {"honest": Step(1.0, 10), "liar": Step(100.0, 10**9), "zero": Step(50.0, 0),
+               "undeclared": Step(1.0, 7)}
+    props = {"honest": {"num_examples": 10}, "liar": {"num_examples": 10},
+             "zero": {"num_examples": 10}, "undeclared": {}}
+    s, t = _server(clients, props=props)
+    try:
+        rec = s.run(1)[0]
+    finally:
+        t.close()
+    why = {f["cid"]: f["reason"] for f in rec.failures if f["kind"] == "rejected"}
+    assert set(why) == {"liar", "zero"}
+    assert "1000000000 is more than the 10" in why["liar"]
+    assert "positive integer" in why["zero"]
+    assert rec.updates == 2
+    np.testing.assert_allclose(s.strategy.parameters[0], 1.0)  # only the honest moves: +1

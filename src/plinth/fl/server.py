@@ -9,9 +9,9 @@ to the strategy), never an exception.
 Synchronous strategies run rounds: select, send, fold until all reply or the straggler timeout,
 aggregate, evaluate, checkpoint. With `privacy.secagg` a round is the four SecAgg+ stages
 instead (`_secagg_round`): the server sends each stage's messages, waits up to the straggler
-timeout per stage, and only ever holds masked vectors and the unmasked sum. Asynchronous strategies (FedBuff, FedAsync) keep `concurrency`
-clients busy and step the model whenever the strategy is `ready`; a "round" is then one model
-version.
+timeout per stage, and only ever holds masked vectors and the unmasked sum. Asynchronous
+strategies (FedBuff, FedAsync) keep `concurrency` clients busy and step the model whenever the
+strategy is `ready`; a "round" is then one model version.
 """
 
 from __future__ import annotations
@@ -104,6 +104,7 @@ class Server:
         self.records: list[RoundRecord] = []
         self.template: list[tuple[tuple[int, ...], np.dtype]] = []
         self.start_round = 1
+        self._declared: dict[str, int] = {}  # num_examples each client declared on joining
 
     # -- setup ----------------------------------------------------------------------------------
 
@@ -147,6 +148,9 @@ class Server:
                               f"{self.cfg.wait_timeout:g}s; server.min_available and "
                               f"server.min_clients need {need}")
         pool = eligible(self.transport.clients(), self.cfg.eligibility)
+        self._declared = {c.cid: int(n) for c in pool
+                          if isinstance(n := c.properties.get("num_examples"), int | float)
+                          and math.isfinite(n)}
         if len(pool) < self.cfg.min_clients:
             raise PlinthError(f"server: {len(pool)} eligible clients, server.min_clients is "
                               f"{self.cfg.min_clients} (see server.eligibility)")
@@ -169,12 +173,24 @@ class Server:
                 return len(reply), None
             if staleness_of is None and res.round != version:
                 raise UpdateRejected(f"update for round {res.round} arrived in round {version}")
+            self._check_examples(cid, res.num_examples)
             staleness = 0 if staleness_of is None else staleness_of(res.round)
             delta = decompress(res.update, res.codec, res.codec_meta, self.template)
             return len(reply), (delta, res.num_examples, staleness)
         except PlinthError as e:
             self._reject(cid, version, str(e), failures)
             return len(reply), None
+
+    def _check_examples(self, cid: str, n: Any) -> None:
+        """num_examples is the client's own claim and FedAvg's weight, so a liar could dominate
+        the average: it must be a positive integer no larger than the count the client
+        declared when it joined (which eligibility and selection used)."""
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise UpdateRejected(f"num_examples {n!r} must be a positive integer")
+        declared = self._declared.get(cid)
+        if declared is not None and n > declared:
+            raise UpdateRejected(f"num_examples {n} is more than the {declared} the client "
+                                 f"declared when it joined")
 
     def _reject(self, cid: str, version: int, why: str, failures: list[Failure]) -> None:
         log.warning("client %s rejected in round %d: %s", cid, version, why)

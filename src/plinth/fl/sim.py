@@ -165,7 +165,8 @@ def serve_rounds(spec: AppSpec, transport: Any, model: Any, params: NDArrays, *,
                  ) -> tuple[Server, list[RoundRecord]]:
     """The server's whole life on a transport, for `plinth fl sim` and `plinth fl server` alike:
     build it with the app's strategy, evaluator and safeguards, resume or start, run the
-    rounds, and close the transport, the safeguards and the checkpoint whatever happens."""
+    rounds, and close the transport, the safeguards, the strategy (its aggregator tree) and the
+    checkpoint whatever happens."""
     strategy = make_strategy(spec.strategy.name, spec.strategy.options,
                              threads=spec.server.aggregation_threads)
     guard = make_safeguards(spec)
@@ -181,6 +182,7 @@ def serve_rounds(spec: AppSpec, transport: Any, model: Any, params: NDArrays, *,
     finally:
         transport.close()
         guard.close()
+        strategy.close()
         if ckpt is not None:
             ckpt.close()
 

@@ -61,6 +61,13 @@ class Strategy:
             return begin_tree(self, aggregation, expected)  # type: ignore[return-value]
         return StreamingAggregator(self.parameters, threads=self.threads)
 
+    def close(self) -> None:
+        """Stop what the strategy started for the task (the aggregator tree's processes)."""
+        tree = getattr(self, "_tree", None)
+        if tree is not None:
+            tree.close()
+            self._tree = None
+
     def weight(self, num_examples: int, staleness: int) -> float:
         return float(num_examples)
 
