@@ -154,6 +154,30 @@ def test_a_killed_leaf_is_replaced_and_its_updates_are_lost_not_fatal():
     assert not _leaked(blocks)  # the dead leaf's partial-sum block too
 
 
+def test_a_stuck_leaf_is_killed_and_replaced_after_the_stall_timeout():
+    """A leaf that is alive but stops folding (SIGSTOP) would hold its slots forever: after
+    `stall_timeout` without a slot back, it is killed and replaced, its updates lost."""
+    rng = np.random.default_rng(2)
+    ups = [([rng.standard_normal(t.shape).astype(np.float32) for t in X0], float(k + 1))
+           for k in range(12)]
+    tree = Hierarchy(X0, leaves=2, slots=2, stall_timeout=1.0)
+    try:
+        stuck = tree.pids[0]
+        os.kill(stuck, signal.SIGSTOP)
+        for k, (a, w) in enumerate(ups):  # the pool (2 slots) runs dry on the stuck leaf
+            tree.submit_arrays(a, w, f"u{k}")
+        res = tree.finish()
+        pids = tree.pids
+    finally:
+        tree.close()
+    lost = {tag for tag, why in res.rejected if "stopped folding for 1s" in why}
+    assert lost and res.count + len(lost) == 12 and tree.replaced >= 1
+    assert stuck not in pids and _gone(stuck)
+    kept = [u for k, u in enumerate(ups) if f"u{k}" not in lost]
+    np.testing.assert_allclose(res.sums[0], sum(a[0] * w for a, w in kept), rtol=1e-5,
+                               atol=1e-5)
+
+
 def test_a_leaf_killed_mid_round_does_not_crash_the_server():
     class Killer(Rand):
         killed = False
@@ -220,6 +244,7 @@ def test_sim_in_tree_mode_matches_stream_mode(tmp_path):
     ({"mode": "tree", "leaves": 4, "max_leaves": 2}, {}, "server.aggregation"),
     ({"mode": "forest"}, {}, "server.aggregation.mode"),
     ({"mode": "tree", "updates_per_leaf": 0}, {}, "server.aggregation.updates_per_leaf"),
+    ({"mode": "tree", "leaf_timeout": -1}, {}, "server.aggregation.leaf_timeout"),
     ({"mode": "tree"}, {"strategy": {"name": "fedbuff"}}, "server.aggregation.mode"),
     ({"mode": "tree"}, {"strategy": {"name": "fedavg", "robust": {"rule": "median"}}},
      "strategy.robust"),

@@ -98,6 +98,9 @@ class AggregationSpec(_Spec):
     leaves: Any = "auto"  # "auto" or a whole number >= 1
     max_leaves: int | None = Field(default=None, ge=1)
     updates_per_leaf: int = Field(default=8, ge=1)
+    # a leaf that hands back no slot (or no partial sum) for this long is stuck: it is killed
+    # and replaced, and the round's updates it held are failures
+    leaf_timeout: float = Field(default=60.0, gt=0)
 
     @field_validator("leaves")
     @classmethod

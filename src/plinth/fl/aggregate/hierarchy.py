@@ -238,11 +238,14 @@ class Hierarchy:
     """`leaves` leaf aggregator processes feeding this process, which folds their partial sums.
 
     `slots` fixes the size of the shared-memory pool (default: two per active leaf plus two);
-    `pin` pins leaf i to the i-th CPU this process may use, where the OS allows it.
+    `pin` pins leaf i to the i-th CPU this process may use, where the OS allows it. A leaf that
+    hands back no slot, or no partial sum, for `stall_timeout` seconds is stuck (alive but not
+    folding): it is killed and replaced like a leaf that died.
     """
 
     def __init__(self, template: NDArrays | list, *, leaves: int = 4, threads: int = 1,
-                 slots: int | None = None, pin: bool = True) -> None:
+                 slots: int | None = None, pin: bool = True, stall_timeout: float = 60.0
+                 ) -> None:
         self._ctx = mp.get_context("spawn")
         self.template = [(list(t.shape), np.dtype(t.dtype).str) if hasattr(t, "shape")
                          else (list(t[0]), np.dtype(t[1]).str) for t in template]
@@ -252,6 +255,7 @@ class Hierarchy:
         self._partial_layout, self._partial_bytes = layout(
             [(s, acc_dtype(np.dtype(d))) for s, d in self.template])
         self.threads, self._fixed_slots, self.pin = threads, slots, pin
+        self.stall_timeout = stall_timeout
         self._cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
             else list(range(os.cpu_count() or 1))
         self._leaves: list[_Leaf] = []
@@ -371,10 +375,23 @@ class Hierarchy:
             _unlink(ref.name)
 
     def _take_slot(self) -> int:
-        """A free slot; blocks while every slot is being folded (backpressure)."""
+        """A free slot; blocks while every slot is being folded (backpressure). If none comes
+        back within `stall_timeout`, the leaves holding slots are stuck and are replaced."""
+        deadline = time.monotonic() + self.stall_timeout
         while not self._free:
-            self._poll(timeout=None)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                for leaf in [x for x in self._leaves if x.held]:
+                    self._stuck(leaf)
+                deadline = time.monotonic() + self.stall_timeout
+                continue
+            self._poll(timeout=left)
         return self._free.pop()
+
+    def _stuck(self, leaf: _Leaf) -> None:
+        leaf.proc.kill()
+        leaf.proc.join(5)
+        self._died(leaf, f"stopped folding for {self.stall_timeout:g}s and was killed")
 
     def _send(self, leaf: _Leaf, msg: Any) -> bool:
         try:
@@ -409,15 +426,15 @@ class Hierarchy:
                 self._died(leaf)
         return out
 
-    def _died(self, leaf: _Leaf) -> None:
-        """Replace a dead leaf: its slots come back, its round's updates are lost."""
+    def _died(self, leaf: _Leaf, how: str = "") -> None:
+        """Replace a dead (or stuck) leaf: its slots come back, its round's updates are lost."""
         if leaf not in self._leaves:
             return
         i = self._leaves.index(leaf)
-        code = leaf.proc.exitcode
-        log.warning("aggregator leaf %d (pid %s) died (exit code %s); %d updates of this round "
-                    "lost; starting a new one", i, leaf.proc.pid, code, len(leaf.tags))
-        why = f"lost: aggregator leaf {i} died (exit code {code}) before its partial sum was taken"
+        how = how or f"died (exit code {leaf.proc.exitcode})"
+        log.warning("aggregator leaf %d (pid %s) %s; %d updates of this round lost; starting a "
+                    "new one", i, leaf.proc.pid, how, len(leaf.tags))
+        why = f"lost: aggregator leaf {i} {how} before its partial sum was taken"
         self._lost += [(t, why) for t in leaf.tags]
         self._free += sorted(leaf.held)
         leaf.held.clear()
@@ -425,10 +442,11 @@ class Hierarchy:
         self._leaves[i] = self._spawn(i)
         self.replaced += 1
 
-    def finish(self, timeout: float = 600.0, into: Any = None) -> TreeResult:
+    def finish(self, timeout: float | None = None, into: Any = None) -> TreeResult:
         """End the round: every leaf writes its partial sum, which this process folds (into
         `into`, a `StreamingAggregator`, or a fresh one); returns the sum, total weight and
-        count, and the rejections, lost updates included."""
+        count, and the rejections, lost updates included. A leaf whose partial sum does not
+        come within `timeout` (default `stall_timeout`) is stuck: replaced, its updates lost."""
         from plinth.fl.aggregate.engine import StreamingAggregator
 
         agg = into if into is not None else StreamingAggregator(
@@ -436,11 +454,13 @@ class Hierarchy:
         rejected: list[tuple[str, str]] = []
         waiting = [leaf for leaf in self._leaves if self._send(leaf, ("finish",))]
         waiting = [leaf for leaf in waiting if leaf in self._leaves]
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + (self.stall_timeout if timeout is None else timeout)
         while waiting:
             left = deadline - time.monotonic()
             if left <= 0:
-                raise PlinthError(f"hierarchy: no partial sum within {timeout:g}s")
+                for leaf in waiting:
+                    self._stuck(leaf)
+                break
             for leaf, msg in self._poll(left):
                 if msg[0] != "partial" or leaf not in waiting:
                     continue

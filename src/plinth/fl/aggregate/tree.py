@@ -164,18 +164,20 @@ class TreeAggregation:
     """A strategy's elastic tree: persistent leaf processes, scaled per round."""
 
     def __init__(self, template: NDArrays, *, leaves: Any = "auto", max_leaves: int | None = None,
-                 updates_per_leaf: int = 8, threads: int = 1, pin: bool = True) -> None:
+                 updates_per_leaf: int = 8, threads: int = 1, pin: bool = True,
+                 leaf_timeout: float = 60.0) -> None:
         self.leaves, self.max_leaves = leaves, max_leaves
         self.updates_per_leaf, self.threads = updates_per_leaf, threads
         self.tree = Hierarchy(template, leaves=leaves_for(1, leaves=leaves, max_leaves=max_leaves,
                                                           updates_per_leaf=updates_per_leaf),
-                              pin=pin)
+                              pin=pin, stall_timeout=leaf_timeout)
         self.shapes = [(tuple(t.shape), t.dtype) for t in template]
 
     @classmethod
     def from_spec(cls, spec: Any, template: NDArrays, threads: int = 1) -> TreeAggregation:
         return cls(template, leaves=spec.leaves, max_leaves=spec.max_leaves,
-                   updates_per_leaf=spec.updates_per_leaf, threads=threads)
+                   updates_per_leaf=spec.updates_per_leaf, threads=threads,
+                   leaf_timeout=spec.leaf_timeout)
 
     def fits(self, template: NDArrays) -> bool:
         return [(tuple(t.shape), t.dtype) for t in template] == self.shapes
