@@ -5,11 +5,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 
 from plinth.core.errors import SpecError
 from plinth.fl import serde
 from plinth.fl.app import parse_app
 from plinth.fl.client import ClientRunner, local_dp_privatizer
+from plinth.fl.deploy import run_client
 from plinth.fl.messages import FitIns
 from plinth.fl.privacy.dp import PrivacyAccountant
 from plinth.fl.safeguards import Safeguards
@@ -204,3 +206,30 @@ def test_resume_replays_the_local_dp_accounting():
     assert resumed.local_accountant.history == pytest.approx(first.local_accountant.history)
     assert resumed.end_round(3, None, ["0"], [])["local_epsilon"] == pytest.approx(
         first.end_round(3, None, ["0"], [])["local_epsilon"])
+
+
+def test_chacha_local_dp_noise_has_the_std_and_is_not_reproducible():
+    spec = parse_app({"seed": 7, "privacy": {"local_dp": {"clip": 2.0, "noise_multiplier": 0.3,
+                                                          "noise": "chacha"}}})
+    ldp = spec.privacy.local_dp
+    clean = [np.zeros(20_000, np.float32)]
+    runs = [_upload(ClientRunner(_FixedDelta(clean),
+                                 privatize=local_dp_privatizer(ldp, spec.seed, 4)), clean, 1)[0]
+            for _ in range(2)]
+    want = ldp.noise_multiplier * ldp.clip
+    assert all(abs(r.std() / want - 1) < 0.03 for r in runs)
+    assert not np.array_equal(runs[0], runs[1])  # from a CSPRNG, not from the app's seed
+
+
+@pytest.mark.parametrize(("privacy", "field"), [
+    ({"local_dp": {"noise_multiplier": 1.0}}, "privacy.local_dp.noise"),
+    ({"secagg": {}, "dp": {"mode": "distributed", "noise_multiplier": 1.0}}, "privacy.dp.noise"),
+])
+def test_a_real_client_refuses_noise_seeded_from_the_app(tmp_path, privacy, field):
+    """`plinth fl client` adds its own noise: seeded from the app's seed, the server (which has
+    the same YAML) could subtract it, so it must come from a CSPRNG."""
+    app = tmp_path / "app.yaml"
+    app.write_text(yaml.safe_dump({"name": "t", "privacy": privacy}))
+    with pytest.raises(SpecError) as e:
+        run_client(str(app), server="127.0.0.1:1", cid=0)
+    assert field in str(e.value) and "chacha" in str(e.value) and "\n" not in str(e.value)

@@ -208,6 +208,9 @@ class LocalDPSpec(_Spec):
     delta: float = Field(default=1e-5, gt=0, lt=1)
     epsilon_budget: float | None = Field(default=None, gt=0)  # stop before local ε exceeds it
     accountant: Literal["rdp", "pld"] = "rdp"
+    # numpy: seeded from the app's seed (reproducible; for `plinth fl sim` only, since whoever
+    # knows the seed can regenerate and subtract the noise); chacha: a CSPRNG
+    noise: Literal["numpy", "chacha"] = "numpy"
 
 
 class SecAggSpec(_Spec):

@@ -244,18 +244,20 @@ def local_dp_privatizer(spec: LocalDPSpec, seed: int, cid: int
     """Local DP on the upload: the float arrays of the delta, as one vector, are clipped to L2
     norm `spec.clip` and get N(0, (z·clip)²) per coordinate (`plinth.fl.privacy.dp.local_dp`).
 
-    The noise is seeded from (app seed, client, round): reproducible in simulation, and so
-    predictable to whoever knows the seed; a deployment that must hide it needs a secret seed.
-    Integer buffers (counters) are sent as they are: they are not covered by the guarantee.
+    With `noise: numpy` the noise is seeded from (app seed, client, round): reproducible in
+    simulation, and so predictable to whoever knows the seed (`plinth fl client` refuses it);
+    `noise: chacha` draws it from a CSPRNG. Integer buffers (counters) are sent as they are:
+    they are not covered by the guarantee.
     """
-    from plinth.fl.privacy.dp import NumpyNoise, local_dp
+    from plinth.fl.privacy.dp import ChaChaNoise, NumpyNoise, local_dp
 
     def privatize(delta: NDArrays, round: int) -> NDArrays:
         idx = [i for i, d in enumerate(delta) if np.issubdtype(np.asarray(d).dtype, np.floating)]
         if not idx:
             return delta
         flat = np.concatenate([np.asarray(delta[i], np.float64).reshape(-1) for i in idx])
-        noise = NumpyNoise(np.random.default_rng([seed, 0x10CA1, cid, round]))
+        noise = (NumpyNoise(np.random.default_rng([seed, 0x10CA1, cid, round]))
+                 if spec.noise == "numpy" else ChaChaNoise())
         noisy = local_dp(flat, clip_norm=spec.clip, noise_multiplier=spec.noise_multiplier,
                          noise=noise)
         out = list(delta)

@@ -50,6 +50,7 @@ def run_client(app_path: str, *, server: str, cid: int, clients: int | None = No
     """Serve one client of the app (data partition `cid` of `clients`) until the server ends."""
     parse_address(server)  # a typo fails now, not after the data has loaded
     spec = load_app(app_path, overrides)
+    _client_noise_is_secret(spec, app_path)
     t = spec.transport
     n = clients or spec.data.clients
     if not 0 <= cid < n:
@@ -69,3 +70,15 @@ def run_client(app_path: str, *, server: str, cid: int, clients: int | None = No
                         properties={"num_examples": app_clients.sizes()[cid]},
                         chunk_size=t.chunk_size)
     return client.serve(runner.handle)
+
+
+def _client_noise_is_secret(spec: AppSpec, app_path: str) -> None:
+    """Noise a real client adds itself (local DP, distributed DP's share) must not come from the
+    app's seed: the server has the same app YAML and could regenerate and subtract it."""
+    for field, dp in (("privacy.local_dp", spec.privacy.local_dp),
+                      ("privacy.dp", spec.privacy.dp if spec.privacy.dp is not None
+                       and spec.privacy.dp.mode == "distributed" else None)):
+        if dp is not None and dp.noise == "numpy":
+            raise SpecError(f"{app_path}: {field}.noise: numpy noise is seeded from the app's "
+                            f"seed, which the server knows; real clients need noise: chacha "
+                            f"(numpy is for plinth fl sim)")
