@@ -145,6 +145,31 @@ def client(
     console.print(f"client {cid}: {ran} tasks done; the server has finished")
 
 
+@app.command()
+def aggregator(
+    app_yaml: Annotated[str, typer.Argument(metavar="APP.yaml", help="FL app spec.")],
+    server: Annotated[str, typer.Option("--server", help="The upstream server's HOST:PORT.")],
+    clients: Annotated[int, typer.Option(min=1, help="Clients to wait for before joining.")],
+    address: Annotated[str, typer.Option(help="Listen for this machine's clients on "
+                                                "HOST:PORT.")] = "0.0.0.0:8081",
+    name: Annotated[str, typer.Option(help="This aggregator's client id upstream.")] =
+        "aggregator",
+    token: Annotated[str | None, typer.Option(help="Upstream token (or $PLINTH_FL_TOKEN).")]
+        = None,
+) -> None:
+    """A machine's middle aggregator: this machine's clients join it (`plinth fl client
+    --server` its address); it joins the server as one client and sends one update per round."""
+    from plinth.fl.deploy import run_aggregator
+
+    def listening(port: int) -> None:
+        console.print(f"aggregator {name}: listening on port {port}; waiting for {clients} "
+                      f"clients", highlight=False)
+
+    ran = run_aggregator(app_yaml, server=server, address=address, clients=clients, name=name,
+                         token=token, on_listen=listening)
+    console.print(f"aggregator {name}: {ran} tasks done; the server has finished")
+
+
 def _admm_round(rec: dict) -> None:
     err = f"  ADMM error {rec['admm_error']:.1e}" if "admm_error" in rec else ""
     console.print(f"round {rec['round']:3d}  accuracy {_fmt(rec['accuracy'])}  "
