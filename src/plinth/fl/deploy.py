@@ -80,8 +80,9 @@ def run_aggregator(app_path: str, *, server: str, address: str, clients: int, na
     try:
         if on_listen is not None:
             on_listen(downstream.port)
+        # its own stragglers are cut a little before the server's deadline for its reply
         middle = MiddleAggregator(downstream, clients=clients,
-                                  straggler_timeout=spec.server.straggler_timeout,
+                                  straggler_timeout=0.9 * spec.server.straggler_timeout,
                                   wait_timeout=spec.server.wait_timeout,
                                   threads=spec.server.aggregation_threads)
         examples = middle.wait_for_clients()

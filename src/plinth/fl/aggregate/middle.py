@@ -112,8 +112,10 @@ class MiddleAggregator:
             return serde.encode(ErrorRes(getattr(msg, "round", -1), f"aggregator: {e}"))
 
     def _start(self, parameters: NDArrays) -> None:
-        # the server's model for this task (the relay's own copy, never moved by it)
+        # the server's model for this task (the relay's own copy, never moved by it), and no
+        # result left over from the last task
         self.server.initialize(parameters)
+        self.relay.mean, self.relay.total, self.relay.examples = None, 0.0, 0
 
     def _fit(self, ins: FitIns) -> FitRes | ErrorRes:
         self._start(ins.parameters)
