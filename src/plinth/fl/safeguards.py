@@ -101,6 +101,12 @@ class CollectingAggregator:
         if rejected:
             raise UpdateRejected(rejected[0][1])
 
+    def name_updates(self, names: Sequence[str]) -> None:
+        """Rejections are returned at once here; nothing to name."""
+
+    def settle(self) -> list[tuple[str, str]]:
+        return []
+
     def add_many(self, updates: Sequence[tuple[NDArrays, float]]) -> list[tuple[int, str]]:
         if self._mean is not None:
             raise PlinthError("aggregator: mean() was taken; the round is closed")
@@ -496,7 +502,7 @@ class Safeguards:
         return reduce
 
     def end_round(self, r: int, acc: Any, chosen: list[str], failures: list[Failure]) -> Metrics:
-        metrics = dict(getattr(acc, "metrics", {}))
+        metrics: Metrics = {}  # the accumulator's own metrics come with aggregate_fit's
         if self.local_accountant is not None and self.local_spec is not None:
             # ε(δ) of one client that uploaded in every round so far, against the server itself
             metrics["local_epsilon"] = self.local_accountant.step(

@@ -218,8 +218,7 @@ class Server:
             if item is not None:
                 cids.append(cid)
                 items.append(item)
-        if hasattr(acc, "name_updates"):  # the aggregator tree reports rejections late, by name
-            acc.name_updates(cids)
+        acc.name_updates(cids)  # the aggregator tree reports rejections late, by name
         for j, why in self.strategy.accept_many(acc, items):
             self._reject(cids[j], version, why, failures)
         return size
@@ -260,7 +259,7 @@ class Server:
             f.cancel()
             failures.append(Failure(futures[f], r, "timeout",
                                     f"no reply within {self.cfg.straggler_timeout:g}s"))
-        for cid, why in getattr(acc, "settle", list)():  # the tree's: NaN/Inf, a dead leaf
+        for cid, why in acc.settle():  # the tree's late rejections: NaN/Inf, a dead leaf
             self._reject(cid, r, why, failures)
         _, metrics = self.strategy.aggregate_fit(r, acc, failures)
         if guard is not None:

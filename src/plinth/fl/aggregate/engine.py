@@ -84,15 +84,15 @@ class StreamingAggregator:
         dtypes = [acc_dtype(d) for _, d in self.template]
         # One buffer per array, allocated back to back (models are almost always one dtype).
         self._acc = [np.zeros(n, dtype=dt) for n, dt in zip(sizes, dtypes)]
-        self._units: list[tuple[int, int, int]] = []
+        units: list[tuple[int, int, int]] = []
         for i, (n, dt) in enumerate(zip(sizes, dtypes)):
             step = max(1024, chunk_bytes // dt.itemsize)
-            self._units += [(i, s, min(n, s + step)) for s in range(0, n, step)]
+            units += [(i, s, min(n, s + step)) for s in range(0, n, step)]
         # Contiguous runs of work units per thread, balanced by element count.
         total = sum(sizes) or 1
         self._parts: list[list[tuple[int, int, int]]] = [[] for _ in range(self.threads)]
         seen = 0
-        for u in self._units:
+        for u in units:
             k = min(self.threads - 1, seen * self.threads // total)
             self._parts[k].append(u)
             seen += u[2] - u[1]
@@ -102,6 +102,7 @@ class StreamingAggregator:
         self._pool = ThreadPoolExecutor(len(self._parts)) if len(self._parts) > 1 else None
         self.total_weight = 0.0
         self.count = 0
+        self.metrics: dict[str, float] = {}  # what the round's record gets from the accumulator
         self._mean: NDArrays | None = None
 
     # -- folding --------------------------------------------------------------------------------
@@ -204,6 +205,14 @@ class StreamingAggregator:
             done.append(p)
         self.total_weight += float(total_weight)
         self.count += int(count)
+
+    def name_updates(self, names: Sequence[str]) -> None:
+        """Names for the next updates (an accumulator that reports rejections late uses them;
+        this one rejects at once)."""
+
+    def settle(self) -> list[tuple[str, str]]:
+        """Rejections found after `add_many` returned, as (name, reason): none here."""
+        return []
 
     # -- results --------------------------------------------------------------------------------
 

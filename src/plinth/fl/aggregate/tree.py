@@ -82,7 +82,7 @@ class TreeAccumulator:
         self._open = False  # updates handed to the tree and not yet settled
         self._seq = 0
         self._taken = False  # mean() was taken
-        self.tree_metrics: dict[str, float] = {"leaves": float(tree.leaves)}
+        self.metrics: dict[str, float] = {"leaves": float(tree.leaves)}
         self._replaced = tree.replaced
 
     def name_updates(self, names: Sequence[str]) -> None:
@@ -121,7 +121,7 @@ class TreeAccumulator:
             self._open = False
             res = self.tree.finish(into=self._agg)
             self._late += res.rejected
-            self.tree_metrics["leaf_replacements"] = float(self.tree.replaced - self._replaced)
+            self.metrics["leaf_replacements"] = float(self.tree.replaced - self._replaced)
         late, self._late = self._late, []
         return late
 
@@ -207,7 +207,7 @@ def begin_tree(strategy: Any, spec: Any, expected: int | None) -> TreeAccumulato
     if type(strategy).accept is not Strategy.accept or strategy.asynchronous:
         raise PlinthError(f"server.aggregation.mode: tree needs a synchronous strategy that folds "
                           f"updates in batches, not {strategy.name!r}")
-    tree = getattr(strategy, "_tree", None)
+    tree = strategy._tree
     if tree is None or not tree.fits(strategy.parameters):
         if tree is not None:
             tree.close()

@@ -78,28 +78,22 @@ def expand_mask(key: bytes, length: int) -> np.ndarray:
     return np.frombuffer(stream, dtype="<u4").astype(np.uint32, copy=False)
 
 
+def _info(label: bytes, round_id: int, *ids: int) -> bytes:
+    """HKDF `info` binding a key's purpose, the round and the client ids (8 bytes each)."""
+    return b"plinth-secagg/" + label + b"/" + b"".join(
+        x.to_bytes(8, "big") for x in (round_id, *ids))
+
+
 def pair_info(round_id: int, a: int, b: int) -> bytes:
-    lo, hi = min(a, b), max(a, b)
-    return (
-        b"plinth-secagg/pair/"
-        + round_id.to_bytes(8, "big")
-        + lo.to_bytes(8, "big")
-        + hi.to_bytes(8, "big")
-    )
+    return _info(b"pair", round_id, min(a, b), max(a, b))
 
 
 def self_info(round_id: int, client: int) -> bytes:
-    return b"plinth-secagg/self/" + round_id.to_bytes(8, "big") + client.to_bytes(8, "big")
+    return _info(b"self", round_id, client)
 
 
 def share_info(round_id: int, a: int, b: int) -> bytes:
-    lo, hi = min(a, b), max(a, b)
-    return (
-        b"plinth-secagg/share/"
-        + round_id.to_bytes(8, "big")
-        + lo.to_bytes(8, "big")
-        + hi.to_bytes(8, "big")
-    )
+    return _info(b"share", round_id, min(a, b), max(a, b))
 
 
 def default_degree(n: int) -> int:

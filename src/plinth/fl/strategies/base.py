@@ -40,6 +40,7 @@ class Strategy:
         self.opts = self.Opts(**options)
         self.threads = threads
         self.parameters: NDArrays = []
+        self._tree: Any = None  # the elastic aggregator tree (server.aggregation.mode: tree)
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -63,9 +64,8 @@ class Strategy:
 
     def close(self) -> None:
         """Stop what the strategy started for the task (the aggregator tree's processes)."""
-        tree = getattr(self, "_tree", None)
-        if tree is not None:
-            tree.close()
+        if self._tree is not None:
+            self._tree.close()
             self._tree = None
 
     def weight(self, num_examples: int, staleness: int) -> float:
@@ -99,12 +99,12 @@ class Strategy:
     def aggregate_fit(self, round: int, acc: StreamingAggregator,
                       failures: list[Failure]) -> tuple[NDArrays, Metrics]:
         """The next global model from the folded updates. With none, the model stays."""
-        metrics: Metrics = {"updates": float(acc.count), "failures": float(len(failures)),
-                            **getattr(acc, "tree_metrics", {})}  # leaves that ran
+        metrics: Metrics = {"updates": float(acc.count), "failures": float(len(failures))}
         if acc.count == 0:
-            return self.parameters, {**metrics, "skipped": 1.0}
-        self.apply(acc)
-        return self.parameters, metrics
+            return self.parameters, {**metrics, **acc.metrics, "skipped": 1.0}
+        self.apply(acc)  # (a collecting accumulator reduces, and fills its metrics, here)
+        # the accumulator's own: leaves that ran, the robust rule's, DP's, SecAgg's
+        return self.parameters, {**metrics, **acc.metrics}
 
     def apply(self, acc: StreamingAggregator) -> None:
         """Move `self.parameters` by the folded updates (FedAvg: by their mean)."""
