@@ -29,7 +29,8 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from plinth.cli.quickstart import free_port, kill_jobs, start_server, stop_server  # noqa: E402
+from plinth.cli.quickstart import kill_jobs, start_server, stop_server  # noqa: E402
+from plinth.core.net import free_port  # noqa: E402
 from plinth.client import Client  # noqa: E402
 
 SPEC = {"name": "bench", "command": ["true"],

@@ -34,7 +34,8 @@ from plinth.sched.placement import place_and_allocate
 from plinth.sched.policies.gavel import Gavel, throughput_matrix
 from plinth.sched.policies.themis import Themis
 from plinth.sched.state import ClusterState
-from plinth.sched.types import JobState, JobStatus, SchedConfig, Snapshot
+from plinth.sched.lifecycle import State
+from plinth.sched.types import JobState, SchedConfig, Snapshot
 
 TARGET_MS = 1000.0
 ROUND = SchedConfig().round_s
@@ -71,7 +72,7 @@ def snapshot(cluster: Cluster, jobs: list[Job]) -> Snapshot:
         if a is None:
             pending.append(JobState(j, pending_since=j.submit_time))
             continue
-        running[j.id] = JobState(j, JobStatus.RUNNING, a, start_time=0.0, first_start=0.0,
+        running[j.id] = JobState(j, State.RUNNING, a, start_time=0.0, first_start=0.0,
                                  rate=1.0, model=cluster.nodes[a.slots[0].node].gpu_model)
     return Snapshot(cluster, state, pending, running)
 

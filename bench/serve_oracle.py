@@ -16,7 +16,8 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from plinth.serve.policies import Faro, make_policy
+from plinth.serve.policies import make_policy
+from plinth.serve.policies.faro import Faro
 from plinth.serve.sim import SimConfig, simulate
 from plinth.serve.traces import CountTrace, load_service_time, load_trace
 

@@ -19,9 +19,10 @@ from typing import Any
 
 import httpx
 
-from plinth.control.lifecycle import State
-from plinth.control.spec import JobSpec, job_spec_from_dict, load_job_spec
+from plinth.sched.lifecycle import State
+from plinth.control.spec import JobSpec, job_to_run
 from plinth.core.errors import PlinthError
+from plinth.core.spec import load_spec, spec_from_dict
 
 DEFAULT_SERVER = "http://127.0.0.1:8642"
 
@@ -82,9 +83,9 @@ class Client:
         """Submit a spec (a JobSpec, a dict, or a YAML path); returns the job id. As with
         sbatch, the job runs in the directory it is submitted from unless it names one."""
         if isinstance(spec, (str, Path)):
-            spec = load_job_spec(str(spec))
+            spec = job_to_run(load_spec(Path(spec)), str(spec))
         elif isinstance(spec, dict):
-            spec = job_spec_from_dict(spec)
+            spec = job_to_run(spec_from_dict(spec, source="job spec"), "job spec")
         spec = spec.model_copy(update={"workdir": os.path.abspath(spec.workdir or ".")})
         body = spec.model_dump(mode="json", exclude_none=True)
         return int(self._call("POST", "/v1/jobs", json=body)["id"])

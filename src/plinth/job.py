@@ -16,20 +16,30 @@ A preempted job is requeued and started again as a new attempt with the same che
 directory, so `load_checkpoint` finds the state it saved. Outside Plinth (no
 PLINTH_CHECKPOINT_DIR) the same script runs, without checkpoints.
 
+Each save is reported to the platform through a marker file next to the checkpoint
+(CHECKPOINT_MARKER: {"step": int, "attempt": int, "time": epoch seconds}), which the runtime
+watches; the job needs no token and no network. A script that saves its checkpoints some other way
+calls `report_checkpoint(step)` once the files are in place.
+
 torch is imported only by the functions that save and load, and nothing else of Plinth is
 imported, so this module is cheap to import in any job.
 """
 
 from __future__ import annotations
 
+import json
+import operator
 import os
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
 CHECKPOINT_FILE = "checkpoint.pt"
+# Replaced after every save; the runtime turns a new one into a CHECKPOINTED event.
+CHECKPOINT_MARKER = ".plinth-checkpoint.json"
 # What a script that stops on request exits with: the code of a death by SIGTERM, so that the
 # stop is not mistaken for a finished job.
 STOPPED_EXIT_CODE = 128 + signal.SIGTERM
@@ -101,7 +111,9 @@ def save_checkpoint(state: dict[str, Any], step: int, *, all_ranks: bool = False
 
     Written to a temporary file and renamed over the previous checkpoint, so a job killed while
     saving leaves the previous one whole. Only rank 0 writes unless `all_ranks` (each rank then
-    writes its own file), since data-parallel ranks hold the same state.
+    writes its own file), since data-parallel ranks hold the same state. Rank 0 then reports the
+    save to the platform (`report_checkpoint`); with `all_ranks` that report does not wait for
+    the other ranks' files.
     """
     d = checkpoint_dir()
     if d is None:
@@ -116,6 +128,33 @@ def save_checkpoint(state: dict[str, Any], step: int, *, all_ranks: bool = False
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     torch.save({"step": int(step), "attempt": attempt(), "state": state}, tmp)
     os.replace(tmp, path)
+    report_checkpoint(int(step))
+    return True
+
+
+def report_checkpoint(step: int) -> bool:
+    """Tell the platform that a checkpoint at `step` is in place. True if reported.
+
+    `save_checkpoint` calls it; a script that writes its checkpoints itself calls it after they
+    are complete. Only rank 0 reports, and only under Plinth (PLINTH_CHECKPOINT_DIR set). The
+    marker is replaced atomically, so the runtime never reads half of one; it holds only the
+    latest save, so saves closer together than the runtime looks are reported as the last.
+    """
+    d = checkpoint_dir()
+    if d is None or rank() != 0:
+        return False
+    try:
+        n = operator.index(step)  # an int, a numpy integer or a 0-d integer tensor
+    except TypeError:
+        n = -1
+    if n < 0 or isinstance(step, bool):
+        raise ValueError(f"plinth.job.report_checkpoint: step must be an integer >= 0, "
+                         f"got {step!r}")
+    d.mkdir(parents=True, exist_ok=True)
+    marker = d / CHECKPOINT_MARKER
+    tmp = marker.with_name(f"{marker.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({"step": n, "attempt": attempt(), "time": time.time()}))
+    os.replace(tmp, marker)
     return True
 
 

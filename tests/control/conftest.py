@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from plinth.core.net import free_port
 
 
 def _pg_bin(name: str) -> str | None:
@@ -21,12 +22,6 @@ def _pg_bin(name: str) -> str | None:
         if (base / name).exists():
             return str(base / name)
     return None
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="session")
@@ -44,7 +39,7 @@ def postgres_url() -> Iterator[str]:
     if os.geteuid() == 0:
         as_user = ["runuser", "-u", "postgres", "--"]
         shutil.chown(root, "postgres")
-    port = _free_port()
+    port = free_port()
     subprocess.run([*as_user, initdb, "-D", str(data), "-A", "trust", "-U", "plinth"],
                    check=True, capture_output=True)
     subprocess.run([*as_user, pg_ctl, "-D", str(data), "-l", str(root / "log"), "-w", "-o",
@@ -62,8 +57,6 @@ class Platform:
     """A control plane running as a real process (`plinth up`) on 127.0.0.1."""
 
     def __init__(self, home: Path, *extra: str) -> None:
-        from plinth.cli.quickstart import free_port
-
         self.home, self.extra = home, extra
         self.port = free_port()
         self.proc: subprocess.Popen | None = None

@@ -95,5 +95,5 @@ def test_up_reports_bad_options_in_one_line(tmp_path) -> None:
     assert r.returncode == 2 and "--port: cannot listen" in r.stderr
     r = up("--port", "0", "--fake-gpus", "2xZ100")
     assert r.returncode == 2 and "--fake-gpus" in r.stderr and "Z100" in r.stderr
-    r = up("--port", "0", "--fake-gpus", "2xA100", "--policy", "gavel")
-    assert r.returncode == 2 and "--policy" in r.stderr
+    r = up("--port", "0", "--fake-gpus", "2xA100", "--policy", "nosuch")
+    assert r.returncode == 2 and "'nosuch'" in r.stderr and "gavel" in r.stderr

@@ -2,15 +2,16 @@ from __future__ import annotations
 
 import pytest
 
-from plinth.control.spec import job_spec_from_dict, load_job_spec, parse_duration, parse_job_spec
+from plinth.control.spec import JobSpec, job_to_run, parse_duration
 from plinth.core.errors import SpecError
 from plinth.core.resources import Request
+from plinth.core.spec import load_spec, spec_from_dict
 
 BASE = {"name": "t", "command": ["python", "x.py"]}
 
 
 def test_full_spec_maps_to_request() -> None:
-    spec = parse_job_spec("""
+    spec = load_spec("""
 name: train
 tenant: research
 command: python train.py --steps 10
@@ -30,19 +31,19 @@ retries: 2
 
 
 def test_yaml_scalars_in_a_command_are_arguments() -> None:
-    spec = parse_job_spec("name: t\ncommand: [python, x.py, --steps, 10, --lr, 0.5, --x, true]\n")
+    spec = load_spec("name: t\ncommand: [python, x.py, --steps, 10, --lr, 0.5, --x, true]\n")
     assert spec.command == ["python", "x.py", "--steps", "10", "--lr", "0.5", "--x", "true"]
 
 
 def test_whole_gpu_fraction_is_a_whole_gpu() -> None:
-    spec = job_spec_from_dict({**BASE, "resources": {"gpu_fraction": 1.0}})
+    spec = spec_from_dict({**BASE, "resources": {"gpu_fraction": 1.0}}, kind="Job")
     assert spec.request().gpus == 1 and spec.request().gpu_milli == 0
 
 
 @pytest.mark.parametrize(("data", "needle"), [
     ({**BASE, "resources": {"gpus": -1}}, "resources.gpus: must be >= 0"),
     ({**BASE, "resources": {"gpu": 1}}, "resources.gpu: unknown field; allowed fields: cpus"),
-    ({**BASE, "resouces": {}}, "resouces: unknown field; allowed fields: name"),
+    ({**BASE, "resouces": {}}, "resouces: unknown field; allowed fields: kind, name"),
     ({**BASE, "resources": {"gpus": 1, "gpu_fraction": 0.5}}, "not both"),
     ({**BASE, "resources": {"gpu_memory": "4Gi"}}, "gpu_memory limits a gpu_fraction"),
     ({**BASE, "resources": {"gpu_fraction": 1.5}}, "resources.gpu_fraction: must be <= 1"),
@@ -57,7 +58,7 @@ def test_whole_gpu_fraction_is_a_whole_gpu() -> None:
 ])
 def test_bad_specs_name_the_field(data: object, needle: str) -> None:
     with pytest.raises(SpecError) as e:
-        job_spec_from_dict(data, source="job.yaml")
+        spec_from_dict(data, source="job.yaml", kind="Job")
     msg = str(e.value)
     assert msg.startswith("job.yaml: ") and needle in msg and "\n" not in msg
 
@@ -66,9 +67,9 @@ def test_invalid_yaml_names_the_line(tmp_path) -> None:
     p = tmp_path / "job.yaml"
     p.write_text("name: x\ncommand: [python\nresources: {}\n")
     with pytest.raises(SpecError, match=r"job.yaml:\d+: invalid YAML"):
-        load_job_spec(str(p))
-    with pytest.raises(SpecError, match="cannot read job spec"):
-        load_job_spec(str(tmp_path / "missing.yaml"))
+        load_spec(p)
+    with pytest.raises(SpecError, match="cannot read a spec"):
+        load_spec(tmp_path / "missing.yaml")
 
 
 @pytest.mark.parametrize(("text", "seconds"), [("90s", 90), ("30m", 1800), ("2h", 7200),
@@ -81,5 +82,57 @@ def test_bundled_examples_are_valid() -> None:
     from pathlib import Path
 
     for p in sorted(Path("examples/jobs").glob("*.yaml")):
-        spec = load_job_spec(str(p))
+        spec = load_spec(p)
+        assert isinstance(spec, JobSpec) and spec.kind == "Job"
         assert spec.command and spec.request().num_gpus > 0
+
+
+def test_the_control_plane_refuses_kinds_it_does_not_run_yet(tmp_path) -> None:
+    p = tmp_path / "svc.yaml"
+    p.write_text("kind: Service\nquota: 1\njobs: [{name: a, slo_ms: 10, service_ms: 1}]\n")
+    with pytest.raises(SpecError) as e:
+        job_to_run(load_spec(p), str(p))
+    assert str(e.value) == (f"{p}: kind: the control plane does not run Service specs yet; "
+                            "use `plinth serve up FILE` meanwhile")
+    fl = spec_from_dict({"kind": "FLTask"}, source="app.yaml")
+    with pytest.raises(SpecError, match=r"^app.yaml: kind: .* FLTask specs yet; use `plinth fl "):
+        job_to_run(fl, "app.yaml")
+    job = spec_from_dict(BASE)
+    assert job_to_run(job) is job
+
+
+def test_cli_submit_names_the_kind_before_sending_anything(tmp_path) -> None:
+    from typer.testing import CliRunner
+
+    from plinth.cli.main import app
+
+    good = tmp_path / "job.yaml"
+    good.write_text("name: t\ncommand: [true]\n")
+    svc = tmp_path / "svc.yaml"
+    svc.write_text("kind: Service\nquota: 1\njobs: [{name: a, slo_ms: 10, service_ms: 1}]\n")
+    # No server listens here: the spec is refused before the client tries to reach one.
+    res = CliRunner().invoke(app, ["submit", str(good), str(svc), "--server", "127.0.0.1:9"])
+    assert res.exit_code != 0
+    assert "kind: the control plane does not run Service specs yet" in str(res.exception) + \
+        res.output
+    assert "cannot reach" not in str(res.exception) + res.output
+
+
+def test_api_answers_a_bad_kind_with_one_line(tmp_path) -> None:
+    from fastapi.testclient import TestClient
+
+    from plinth.control.api import create_app
+    from plinth.control.auth import Auth
+    from plinth.control.service import ControlPlane
+    from plinth.control.store import Store
+    from plinth.runtime.local import LocalRuntime
+
+    store = Store(str(tmp_path / "plinth.db"))
+    auth = Auth(store)
+    token = auth.bootstrap(tmp_path)
+    cp = ControlPlane(store, LocalRuntime(tmp_path / "runtime", fake_gpus="1xA100"), home=tmp_path)
+    with TestClient(create_app(cp, auth)) as http:
+        r = http.post("/v1/jobs", json={**BASE, "kind": "Service"},
+                      headers={"Authorization": f"Bearer {token}"})
+    assert r.status_code == 422
+    assert r.json()["detail"] == "kind: input should be 'Job' (got 'Service')"

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from plinth.control.spec import job_spec_from_dict
 from plinth.core.errors import SpecError
+from plinth.core.spec import spec_from_dict
 
 READ_PLAN = ("import os; from plinth.place import Plan; "
              "p = Plan.load(os.environ['PLINTH_PLACEMENT_PLAN']); "
@@ -30,7 +30,7 @@ def test_placement_spec_is_checked() -> None:
                        ({"model": "a:b", "algo": "greedy"}, "placement.algo"),
                        ({"model": "a:b", "batch": 0}, "placement.batch")):
         try:
-            job_spec_from_dict({**base, "placement": bad})
+            spec_from_dict({**base, "placement": bad}, kind="Job")
         except SpecError as e:
             assert field in str(e)
         else:

@@ -21,11 +21,15 @@ def test_preempted_job_resumes_from_its_checkpoint(platform, wait_for) -> None:
         assert kinds == ["submitted", "started", "stop-preempt", "preempted", "started",
                          "succeeded"]
         assert d["attempt"] == 2 and d["preemptions"] == 1
+        assert d["checkpoint_step"] is not None and d["checkpoint_time"] is not None
         log = c.logs(low)
         resumed = int(re.search(r"resumed from step (\d+)", log).group(1))
         assert resumed >= 3
         assert "done at step 30, total 465" in log  # no step lost or counted twice
         # The urgent job started only after the preempted one had released its GPUs.
-        urgent_start = next(e["time"] for e in c.job(high)["events"] if e["kind"] == "started")
+        # "started" is the decision; "launched" is when its processes could start.
+        urgent = [e for e in c.job(high)["events"] if e["kind"] == "launched"]
+        assert len(urgent) == 1
+        urgent_start = urgent[0]["time"]
         preempted_at = next(e["time"] for e in d["events"] if e["kind"] == "preempted")
         assert urgent_start >= preempted_at

@@ -63,22 +63,22 @@ def test_yaml_dump_round_trip(tmp_path):
 
 
 @pytest.mark.parametrize("text, expected", [
-    # negative GPUs: the file, the path to the field, the bound and the value
+    # negative GPUs: the file, the line, the path to the field, the bound and the value
     ("nodes:\n  - {name: a, gpus: 8, gpu_model: V100}\n  - {name: b, gpus: -2, gpu_model: V100}\n",
-     "lab.yaml: nodes[1].gpus: must be >= 0 (got -2)"),
+     "lab.yaml:3: nodes[1].gpus: must be >= 0 (got -2)"),
     ("nodes:\n  - {name: a, gpus: 8, gpu_model: V100, gpuz: 1}\n",
-     "lab.yaml: nodes[0].gpuz: unknown field; allowed fields: name, count"),
-    ("nodez: []\n", "lab.yaml: nodez: unknown field"),
+     "lab.yaml:2: nodes[0].gpuz: unknown field; allowed fields: name, count"),
+    ("nodez: []\n", "lab.yaml:1: nodez: unknown field"),
     ("nodes:\n  - {name: a, gpus: 8, gpu_model: V200}\n",
-     "lab.yaml: nodes[0].gpu_model: unknown GPU model 'V200'; known models: H200"),
-    ("nodes:\n  - {name: a, gpus: 8}\n", "lab.yaml: nodes[0]: gpu_model is required"),
+     "lab.yaml:2: nodes[0].gpu_model: unknown GPU model 'V200'; known models: H200"),
+    ("nodes:\n  - {name: a, gpus: 8}\n", "lab.yaml:2: nodes[0]: gpu_model is required"),
     ("nodes:\n  - {name: a, gpus: 8, gpu_model: V100, memory: 12GB}\n",
-     "lab.yaml: nodes[0].memory: expected MiB or a size like 512Gi"),
-    ("nodes:\n  - {name: a, gpus: eight, gpu_model: V100}\n", "lab.yaml: nodes[0].gpus: "),
+     "lab.yaml:2: nodes[0].memory: expected MiB or a size like 512Gi"),
+    ("nodes:\n  - {name: a, gpus: eight, gpu_model: V100}\n", "lab.yaml:2: nodes[0].gpus: "),
     ("nodes:\n  - {name: a, gpus: 8, gpu_model: V100}\ntenants:\n  - {name: t, nominal_gpus: -1}\n",
-     "lab.yaml: tenants[0].nominal_gpus: must be >= 0 (got -1)"),
+     "lab.yaml:4: tenants[0].nominal_gpus: must be >= 0 (got -1)"),
     ("nodes:\n  - {gpus: 8, gpu_model: V100}\n",
-     "lab.yaml: nodes[0].name: required field is missing"),
+     "lab.yaml:2: nodes[0].name: required field is missing"),
     ("nodes:\n  - {name: a, gpus: 0}\n  - {name: b}\n", "lab.yaml: cluster cluster: has no GPUs"),
     ("nodes:\n  - {name: a, gpus: 1, gpu_model: T4}\n  - {name: a, gpus: 1, gpu_model: T4}\n",
      "lab.yaml: cluster cluster: node name 'a' appears twice"),

@@ -1,6 +1,5 @@
 import datetime
 import ipaddress
-import socket
 
 import pytest
 from cryptography import x509
@@ -11,9 +10,9 @@ from cryptography.x509.oid import NameOID
 
 @pytest.fixture
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    from plinth.core.net import free_port
+
+    return free_port()
 
 
 @pytest.fixture(scope="session")

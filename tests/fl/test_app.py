@@ -21,10 +21,10 @@ def test_example_and_test_apps_load():
     ("servr: {}", "servr: unknown field"),
     ("strategy: {name: fedmagic}", "strategy.name: unknown strategy 'fedmagic'"),
     ("strategy: {name: fedprox, options: {mu: 1}}", "strategy.options.mu"),
-    ("compression: {kind: zip}", "compression.kind: unknown kind 'zip'"),
+    ("compression: {kind: zip}", ":1: compression.kind: unknown compression 'zip'; choose one of"),
     ("data: {partition: random}", "data.partition"),
     ("- a\n- b", "expected a mapping"),
-    ("server: [", "not valid YAML"),
+    ("server: [", "invalid YAML"),
 ])
 def test_bad_app_yaml_is_one_line_naming_file_and_field(tmp_path, text, words):
     p = tmp_path / "bad.yaml"

@@ -2,7 +2,6 @@
 
 import json
 import re
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -10,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from plinth.core.net import free_port
 from plinth.fl import serde
 from plinth.fl.aggregate.middle import MiddleAggregator
 from plinth.fl.app import ServerSpec
@@ -105,24 +105,18 @@ def test_two_machines_give_the_server_the_same_model_as_four_flat_clients():
         np.testing.assert_allclose(got, want, rtol=1e-6)
 
 
-def _port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_server_two_aggregators_and_four_client_processes_over_grpc(tmp_path):
     app = tmp_path / "app.yaml"
     app.write_text((APPS / "tiny.yaml").read_text()
                    .replace("code: tiny.py", f"code: {APPS}/tiny.py")
                    .replace("straggler_timeout: 120", "straggler_timeout: 60, wait_timeout: 60"))
     fl = [sys.executable, "-m", "plinth.cli.main", "fl"]
-    top, out = _port(), tmp_path / "r.json"
+    top, out = free_port(), tmp_path / "r.json"
     procs = [subprocess.Popen([*fl, "server", str(app), "--address", f"127.0.0.1:{top}",
                                "--json", str(out)], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True)]
     for m in range(2):
-        port = _port()
+        port = free_port()
         procs.append(subprocess.Popen(
             [*fl, "aggregator", str(app), "--server", f"127.0.0.1:{top}", "--clients", "2",
              "--address", f"127.0.0.1:{port}", "--name", f"rack{m}"],

@@ -4,7 +4,6 @@ only ever sees masked vectors and the unmasked sum."""
 
 import json
 import logging
-import socket
 import subprocess
 import sys
 import threading
@@ -14,6 +13,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from plinth.core.net import free_port
 from plinth.fl import serde
 from plinth.fl.app import ServerSpec, load_app, parse_app
 from plinth.fl.client import AppClients, ClientRunner
@@ -333,9 +333,7 @@ def test_replayed_and_malformed_replies_are_rejected_with_a_logged_reason(caplog
 
 @pytest.fixture
 def port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_port()
 
 
 def test_secagg_over_grpc_with_separate_processes(tmp_path, port):

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from plinth.runtime import LaunchSpec, LocalRuntime, RuntimeEvent, WorkerLaunch
+from plinth.runtime import EventKind, LaunchSpec, LocalRuntime, RuntimeEvent, WorkerLaunch
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples" / "jobs"
@@ -40,6 +40,20 @@ def wait_events(rt: LocalRuntime, n: int = 1, timeout: float = DEADLINE_S) -> li
 
     wait_for(enough, f"{n} runtime event(s)", timeout)
     return got
+
+
+def wait_end(rt: LocalRuntime, timeout: float = DEADLINE_S) -> tuple[RuntimeEvent,
+                                                                     list[RuntimeEvent]]:
+    """Events up to the first EXITED or LOST: (that event, the CHECKPOINTED events before it)."""
+    got: list[RuntimeEvent] = []
+
+    def ended() -> bool:
+        got.extend(rt.poll())
+        return any(e.kind is not EventKind.CHECKPOINTED for e in got)
+
+    wait_for(ended, "the end of an attempt", timeout)
+    end = next(e for e in got if e.kind is not EventKind.CHECKPOINTED)
+    return end, got[:got.index(end)]
 
 
 def spec(home: Path, command: tuple[str, ...], *, workers: int = 1, job_id: int = JOB,

@@ -10,6 +10,7 @@ import textwrap
 import psutil
 from conftest import JOB, PY, REPO, sh, spec, wait_events, wait_for
 
+from plinth import job
 from plinth.runtime import EventKind, Handle, ProcRef
 
 
@@ -109,3 +110,42 @@ def test_gang_member_failed_while_down_stops_the_rest(make_rt, tmp_path):
     assert second.adopt(_round_trip(h)) is True  # rank 0 still runs
     [ev] = wait_events(second)
     assert (ev.kind, ev.exit_code) == (EventKind.EXITED, 3) and "rank 1" in ev.message
+
+
+def test_handle_keeps_the_checkpoint_dir_and_old_handles_still_load(tmp_path):
+    h = Handle(JOB, 2, (ProcRef(12, 3.5, "/x.exit"),), str(tmp_path / "ck"))
+    assert _round_trip(h) == h
+    old = {"job_id": JOB, "attempt": 2, "procs": [[12, 3.5, "/x.exit"]]}  # stored before
+    assert Handle.from_dict(old) == Handle(JOB, 2, (ProcRef(12, 3.5, "/x.exit"),))
+    assert Handle.from_dict(old).checkpoint_dir is None
+
+
+def test_adopted_attempts_report_their_checkpoints(make_rt, tmp_path):
+    # Both jobs save while no runtime watches: one is still running at adoption, the other has
+    # exited. Each save is reported, before its attempt's end.
+    prog = ("import os, sys, time; from plinth import job\n"
+            "def wait(p):\n"
+            "    while not os.path.exists(p): time.sleep(0.01)\n"
+            "wait(sys.argv[1] + '-go'); job.report_checkpoint(int(sys.argv[2]))\n"
+            "if sys.argv[2] == '8': wait(sys.argv[1] + '-end')\n")
+    first = make_rt()
+    a = first.launch(spec(tmp_path, (PY, "-c", prog, str(tmp_path / "a"), "8"),
+                          checkpoint_dir=str(tmp_path / "ck-a")))
+    b = first.launch(spec(tmp_path, (PY, "-c", prog, str(tmp_path / "b"), "9"), job_id=JOB + 1,
+                          checkpoint_dir=str(tmp_path / "ck-b")))
+    assert a.checkpoint_dir == str(tmp_path / "ck-a")
+    first.close()
+    (tmp_path / "a-go").touch()
+    (tmp_path / "b-go").touch()
+    wait_for(lambda: (tmp_path / "ck-a" / job.CHECKPOINT_MARKER).exists() and
+             os.path.exists(b.procs[0].exit_file), "a's save and b's end")
+    os.waitpid(b.procs[0].pid, 0)  # reaped, as by a control plane that died: b is gone
+    second = make_rt()
+    assert second.adopt(_round_trip(b)) is False
+    assert [(e.kind, e.step) for e in second.poll()] == \
+        [(EventKind.CHECKPOINTED, 9), (EventKind.EXITED, None)]
+    assert second.adopt(_round_trip(a)) is True
+    [ev] = wait_events(second)
+    assert (ev.job_id, ev.kind, ev.step) == (JOB, EventKind.CHECKPOINTED, 8)
+    (tmp_path / "a-end").touch()
+    assert [e.kind for e in wait_events(second)] == [EventKind.EXITED]

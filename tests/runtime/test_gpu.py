@@ -13,7 +13,9 @@ from plinth.runtime.gpu import (
     MpsManager,
     catalog_model,
     discover_gpus,
+    fake_gpus,
     mps_env,
+    parse_fake_gpu_groups,
     parse_fake_gpus,
 )
 
@@ -101,3 +103,18 @@ def test_fake_gpus_never_start_a_daemon(tmp_path):
     assert not mps.available and "fake" in mps.reason
     assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "50" and mps.daemons() == []
     assert mps.visible_device(0) == "0"
+
+
+def test_fake_gpu_groups():
+    assert parse_fake_gpu_groups("2xA100,2xv100") == [(2, "A100"), (2, "V100")]
+    assert parse_fake_gpu_groups("4xA100") == [(4, "A100")]
+    gpus = fake_gpus("2xA100, 1xT4")
+    assert [(g.index, g.model) for g in gpus] == [(0, "A100"), (1, "A100"), (2, "T4")]
+
+
+@pytest.mark.parametrize(("value", "why"), [("2xA100,", "got ''"), ("2xA100,2xA100", "twice"),
+                                            ("2xA100,0xV100", "at least 1")])
+def test_bad_fake_gpu_groups_name_the_option(value, why):
+    with pytest.raises(SpecError, match="^--fake-gpus: ") as e:
+        parse_fake_gpu_groups(value)
+    assert why in str(e.value)

@@ -1,16 +1,19 @@
-"""The local runtime with real processes: exit codes, environment, stop, gangs, bad input."""
+"""The local runtime with real processes: exit codes, environment, stop, gangs, bad input,
+checkpoint markers, and fake nodes of several GPU models."""
 
 from __future__ import annotations
 
 import json
 import os
 import signal
+import time
 from pathlib import Path
 
 import psutil
 import pytest
 from conftest import EXAMPLES, JOB, PY, sh, spec, wait_events, wait_for
 
+from plinth import job
 from plinth.core.errors import PlinthError
 from plinth.runtime import EventKind, WorkerLaunch
 
@@ -194,3 +197,132 @@ def test_nodes_describe_this_machine(make_rt):
     assert n.cpus_milli == 1000 * len(os.sched_getaffinity(0))
     assert n.memory_mib > 0
     assert make_rt().nodes()[0].num_gpus == len(make_rt().gpus)
+
+
+def test_a_shim_killed_from_outside_is_lost(rt, tmp_path):
+    # kill -9 of the shim (the command's parent) leaves no exit code: not 137, which would say
+    # the command was killed, but lost, as an adopted worker that vanished is.
+    rt.launch(spec(tmp_path, sh("kill -9 $PPID; exec sleep 120")))
+    [ev] = wait_events(rt)
+    assert (ev.kind, ev.exit_code) == (EventKind.LOST, None)
+
+
+# ------------------------------------------------------------------------- checkpoint markers
+
+MARKER = job.CHECKPOINT_MARKER
+
+
+def _marker_job(tmp_path, bad: list[bytes]) -> tuple[str, ...]:
+    """A job that writes each of `bad` as its marker in turn, each time waiting for the file
+    `go<i>`, then reports step 5 and exits."""
+    prog = ("import os, sys, time; from plinth import job\n"
+            "d = job.checkpoint_dir()\n"
+            "for i, raw in enumerate(eval(sys.argv[2])):\n"
+            "    open(d / 'tmp', 'wb').write(raw)\n"
+            "    os.replace(d / 'tmp', d / job.CHECKPOINT_MARKER)\n"
+            "    while not os.path.exists(sys.argv[1] + str(i)): time.sleep(0.01)\n"
+            "job.report_checkpoint(5)\n")
+    return (PY, "-c", prog, str(tmp_path / "go"), repr(bad))
+
+
+def test_malformed_markers_are_ignored_and_reported(rt, tmp_path):
+    bad = [b"{not json", json.dumps({"step": "3", "attempt": 1, "time": 1e9}).encode(),
+           json.dumps({"step": 3, "attempt": 1}).encode(), b" " * 10_000]
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    rt.launch(spec(tmp_path, _marker_job(tmp_path, bad), checkpoint_dir=str(ck)))
+    for i in range(len(bad)):
+        wait_for(lambda i=i: len([p for p in rt.problems if MARKER in p]) == i + 1,
+                 f"bad marker {i} to be reported")
+        (tmp_path / f"go{i}").touch()
+    evs = wait_events(rt, 2)
+    assert [(e.kind, e.step) for e in evs] == \
+        [(EventKind.CHECKPOINTED, 5), (EventKind.EXITED, None)]
+    assert evs[1].exit_code == 0
+    lines = [p for p in rt.problems if MARKER in p]
+    assert len(lines) == len(bad)  # one line each, not one per tick
+    assert all(f"job {JOB} attempt 1" in p and str(ck / MARKER) in p for p in lines)
+    assert "not JSON" in lines[0] and "step" in lines[1] and "time" in lines[2]
+    assert "10000 bytes" in lines[3]
+    assert all(p in rt.describe() for p in lines)
+
+
+def test_an_earlier_attempts_marker_is_not_reported(rt, tmp_path):
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    report = (PY, "-c", "from plinth import job; job.report_checkpoint(4)")
+    rt.launch(spec(tmp_path, report, checkpoint_dir=str(ck)))
+    assert [e.kind for e in wait_events(rt, 2)] == [EventKind.CHECKPOINTED, EventKind.EXITED]
+    # Attempt 2 finds attempt 1's marker; a marker claiming attempt 3 but written before it
+    # started (by an earlier run with the same numbers) is not its either.
+    rt.launch(spec(tmp_path, ("sleep", "0.3"), attempt=2, checkpoint_dir=str(ck)))
+    assert [e.kind for e in wait_events(rt)] == [EventKind.EXITED]
+    (ck / MARKER).write_text(json.dumps({"step": 9, "attempt": 3, "time": time.time() - 60}))
+    rt.launch(spec(tmp_path, ("sleep", "0.3"), attempt=3, checkpoint_dir=str(ck)))
+    assert [e.kind for e in wait_events(rt)] == [EventKind.EXITED]
+    assert not rt.problems
+
+
+def test_a_marker_touched_again_is_not_a_new_checkpoint(rt, tmp_path):
+    ck = tmp_path / "ck"
+    go = tmp_path / "go"
+    prog = ("import os, sys, time; from plinth import job\n"
+            "job.report_checkpoint(2)\n"
+            "while not os.path.exists(sys.argv[1]): time.sleep(0.01)\n")
+    rt.launch(spec(tmp_path, (PY, "-c", prog, str(go)), checkpoint_dir=str(ck)))
+    [ev] = wait_events(rt)
+    assert ev.step == 2
+    os.utime(ck / MARKER, ns=(time.time_ns() + 10**9,) * 2)  # same content, new mtime
+    time.sleep(0.3)  # several ticks for a wrong event to show up
+    go.touch()
+    assert [e.kind for e in wait_events(rt)] == [EventKind.EXITED]
+
+
+# ------------------------------------------------------------------------- fake nodes
+
+def test_fake_gpus_of_two_models_make_two_nodes(make_rt):
+    rt = make_rt(fake_gpus="2xA100,3xV100")
+    nodes = rt.nodes()
+    assert [(n.name, n.gpu_model, n.num_gpus) for n in nodes] == \
+        [("localhost-a100", "A100", 2), ("localhost-v100", "V100", 3)]
+    one = make_rt(fake_gpus="5xA100").nodes()[0]
+    assert sum(n.cpus_milli for n in nodes) == one.cpus_milli  # the machine, shared out
+    assert sum(n.memory_mib for n in nodes) == one.memory_mib
+    assert nodes[0].memory_mib <= nodes[1].memory_mib  # in proportion to their GPUs
+    text = rt.describe()
+    assert "localhost-a100: " in text and "2xA100 (fake)" in text and "3xV100 (fake)" in text
+
+
+def test_gpus_are_local_to_their_fake_node(make_rt, tmp_path):
+    rt = make_rt(fake_gpus="2xA100,2xV100")
+    dump = ("import json, os, sys; "
+            "json.dump(dict(os.environ), open(sys.argv[1] + os.environ['RANK'], 'w'))")
+    workers = (WorkerLaunch(0, "localhost-a100", gpus=(0, 1)),
+               WorkerLaunch(1, "localhost-v100", gpus=(1,)),
+               WorkerLaunch(2, "localhost-v100", gpus=(0,), gpu_milli=500))
+    rt.launch(spec(tmp_path, (PY, "-c", dump, str(tmp_path / "env")), worker_list=workers))
+    [ev] = wait_events(rt)
+    assert ev.exit_code == 0
+    env = [json.loads((tmp_path / f"env{r}").read_text()) for r in range(3)]
+    # The machine numbers the fake GPUs 0-1 (A100) and 2-3 (V100).
+    assert [e["CUDA_VISIBLE_DEVICES"] for e in env] == ["0,1", "3", "2"]
+    assert env[2]["CUDA_MPS_PIPE_DIRECTORY"] == str(rt.mps.pipe_dir(2))
+    assert [(e["LOCAL_RANK"], e["LOCAL_WORLD_SIZE"]) for e in env] == \
+        [("0", "1"), ("0", "2"), ("1", "2")]  # counted per node
+    assert len({e["MASTER_PORT"] for e in env}) == 1
+
+
+@pytest.mark.parametrize(("worker", "field"), [
+    (WorkerLaunch(0, "localhost"), "'localhost' is not a node here ('localhost-a100', "),
+    (WorkerLaunch(0, "localhost-v100", gpus=(2,)), "no GPU 2 on localhost-v100 (2 GPUs)"),
+])
+def test_workers_on_fake_nodes_are_checked(make_rt, tmp_path, worker, field):
+    rt = make_rt(fake_gpus="2xA100,2xV100")
+    with pytest.raises(PlinthError) as e:
+        rt.launch(spec(tmp_path, sh("exit 0"), worker_list=(worker,)))
+    assert field in str(e.value)
+
+
+def test_one_model_is_one_node_as_before(make_rt):
+    assert [n.name for n in make_rt(fake_gpus="2xV100").nodes()] == ["localhost"]
+    assert [n.name for n in make_rt().nodes()] == ["localhost"]

@@ -17,7 +17,8 @@ from plinth.sched.policies import make_policy
 from plinth.sched.policies.drf import FairShare
 from plinth.sched.quota import tenant_queues
 from plinth.sched.state import ClusterState
-from plinth.sched.types import Decisions, JobState, JobStatus, SchedConfig, Snapshot
+from plinth.sched.lifecycle import State
+from plinth.sched.types import Decisions, JobState, SchedConfig, Snapshot
 
 NOW = 10_000.0
 _ids = itertools.count(1)
@@ -47,7 +48,7 @@ def snapshot(cluster: Cluster, policy: FairShare, pending: list[Job],
         alloc = place(state, j.request)
         assert alloc is not None, "scenario does not fit"
         state.allocate(alloc, j.request)
-        run[j.id] = JobState(j, JobStatus.RUNNING, alloc, start_time=started,
+        run[j.id] = JobState(j, State.RUNNING, alloc, start_time=started,
                              first_start=started, rate=1.0)
     queue = sorted((JobState(j) for j in pending), key=policy.order)
     return Snapshot(cluster, state, queue, run, cfg or SchedConfig())

@@ -13,12 +13,16 @@ from plinth.core.errors import SpecError
 from plinth.core.resources import Allocation, Cluster, Node, Request, WorkerSlot
 from plinth.core.spec import load_cluster
 from plinth.core.workload import Job
+from plinth.runtime.sim import SimRuntime
 from plinth.sched import lp
+from plinth.sched import owner as o
 from plinth.sched.lp import equal_share_throughput, feasible_mask, max_min_fairness
 from plinth.sched.policies import make_policy
 from plinth.sched.policies.gavel import Gavel
 from plinth.sched.state import ClusterState
-from plinth.sched.types import Decisions, JobState, JobStatus, SchedConfig, Snapshot
+from plinth.sched.lifecycle import State
+from plinth.sched.types import Decisions, JobState, SchedConfig, Snapshot
+from plinth.sched.validate import apply_decisions
 from plinth.sim.engine import simulate
 from plinth.sim.metrics import summarize
 from plinth.sim.traces.synthetic import synthetic_jobs
@@ -107,7 +111,7 @@ def test_lp_respects_capacity_time_and_fairness(n, m, seed, restrict):
     assert (eq[live] > 0).all()
 
 
-# -- a tiny owner: applies decisions in the contract's order and checks invariants ----------
+# -- the platform's own owner, stepped by hand ----------------------------------------------
 
 def make_cluster(v100: int = 1, k80: int = 1, gpus: int = 1) -> Cluster:
     nodes = [Node(f"v{i}", 64_000, 256_000, "V100", gpus) for i in range(v100)]
@@ -115,53 +119,55 @@ def make_cluster(v100: int = 1, k80: int = 1, gpus: int = 1) -> Cluster:
     return Cluster(tuple(nodes))
 
 
-class Owner:
-    """Keeps job states and the cluster state as the simulator does, minus progress."""
+class Driver:
+    """The owner (`plinth.sched.owner`) and the simulated runtime, stepped at chosen times:
+    each step delivers the jobs submitted by then and runs one pass. The owner applies the
+    decisions (and checks its invariants: validate) exactly as the simulator and the control
+    plane do; this also counts the passes each job spent on each model."""
 
     def __init__(self, cluster: Cluster, jobs: list[Job], policy, cfg=CFG):
-        self.cluster, self.policy, self.cfg = cluster, policy, cfg
-        self.state = ClusterState(cluster)
-        self.jobs = {j.id: JobState(j) for j in jobs}
+        self.cluster, self.policy = cluster, policy
+        self.owner = o.Owner(cluster, policy, cfg, validate=True, on_pass=self._seen)
+        self.runtime = SimRuntime(cluster, cfg, {j.id: j for j in jobs})
+        self.arrivals = sorted(jobs, key=lambda j: j.submit_time)
         self.on: dict[tuple[int, str], int] = {}  # (job, model) -> passes spent running there
+        self._last: Decisions | None = None
+
+    @property
+    def jobs(self) -> dict[int, JobState]:
+        return self.owner.jobs
+
+    @property
+    def state(self) -> ClusterState:
+        return self.owner.state
 
     def running(self) -> dict[int, JobState]:
-        return {i: js for i, js in self.jobs.items() if js.status is JobStatus.RUNNING}
+        return dict(self.owner.running)
+
+    def _seen(self, d: Decisions, now: float) -> None:
+        if self._last is None:  # the step's own pass, not the owner's follow-up
+            self._last = d
+        assert d.wake_at is None or d.wake_at > now
 
     def step(self, now: float) -> Decisions:
-        pend = [js for js in self.jobs.values()
-                if js.status is JobStatus.PENDING and js.job.submit_time <= now]
-        snap = Snapshot(self.cluster, self.state, sorted(pend, key=self.policy.order),
-                        self.running(), self.cfg)
-        d = self.policy.schedule(snap, now)
-        self.apply(d, now)
-        return d
-
-    def apply(self, d: Decisions, now: float) -> None:
-        ids = [p.job_id for p in d.preempts] + [r.job_id for r in d.resizes]
-        assert len(ids) == len(set(ids)) and set(ids) <= set(self.running())
-        assert len({s.job_id for s in d.starts}) == len(d.starts)
-        assert d.wake_at is None or d.wake_at > now
-        for p in d.preempts:
-            js = self.jobs[p.job_id]
-            assert js.job.preemptible, "a non-preemptible job was preempted"
-            self.state.release(js.allocation, js.job.request)
-            js.status, js.allocation, js.model = JobStatus.PENDING, None, None
-            js.preemptions += 1
-        for r in d.resizes:  # one by one, as the simulator does
-            js = self.jobs[r.job_id]
-            assert js.job.preemptible, "a non-preemptible job was moved"
-            self.state.release(js.allocation, js.job.request)
-            self.state.allocate(r.allocation, js.job.request)
-            js.allocation, js.model, js.start_time = r.allocation, r.model, now
-        for s in d.starts:
-            js = self.jobs[s.job_id]
-            assert js.status is JobStatus.PENDING and s.reason
-            self.state.allocate(s.allocation, js.job.request)
-            js.status, js.allocation, js.model, js.start_time = (
-                JobStatus.RUNNING, s.allocation, s.model, now)
-        self.state.check()
-        for js in self.running().values():
+        events = []
+        while self.arrivals and self.arrivals[0].submit_time <= now:
+            events.append(o.Submitted(self.arrivals.pop(0)))
+        self._last = None
+        self.owner.request_pass()
+        out = self.owner.handle(events, now)
+        while out.instructions:
+            out = self.owner.handle(self.runtime.execute(out.instructions, now), now)
+        for js in self.owner.running.values():
             self.on[(js.id, js.model)] = self.on.get((js.id, js.model), 0) + 1
+        assert self._last is not None
+        return self._last
+
+    def finish(self, jid: int, now: float) -> None:
+        """Job `jid` ends on its own (exit code 0)."""
+        js = self.owner.jobs[jid]
+        self.runtime.procs.pop(jid)
+        self.owner.handle([o.Exited(jid, js.attempt, 0)], now, schedule=False)
 
 
 def job(jid: int, jtype: str, gpus: int = 1, submit: float = 0.0, **kw) -> Job:
@@ -174,7 +180,7 @@ def test_rounds_follow_the_allocation_over_time():
     # resnet50 is 9x faster on a V100 than on a K80, a3c only 1.7x.
     jobs = [job(0, "resnet50"), job(1, "resnet50"), job(2, "a3c"), job(3, "a3c")]
     pol = Gavel()
-    owner = Owner(make_cluster(), jobs, pol)
+    owner = Driver(make_cluster(), jobs, pol)
     rounds = 300
     for r in range(rounds):
         owner.step(r * ROUND)
@@ -193,7 +199,7 @@ def test_swaps_are_ordered_so_the_owner_never_over_commits():
     # a cycle that no order of resizes can apply; one side must be preempted and restarted.
     cluster = make_cluster(gpus=8)
     pol = Gavel()
-    owner = Owner(cluster, [job(0, "resnet50", 8), job(1, "resnet50", 8)], pol)
+    owner = Driver(cluster, [job(0, "resnet50", 8), job(1, "resnet50", 8)], pol)
     d = owner.step(0.0)
     assert [(s.job_id, s.model) for s in d.starts] == [(0, "V100"), (1, "K80")]
     restarts = 0
@@ -217,7 +223,7 @@ def test_only_a_move_on_a_cycle_is_restarted():
     new = {0: (2,), 1: (3, 4), 2: (1, 5)}
     moves, jobs = [], {}
     for jid in (0, 1, 2):
-        js = JobState(Job(jid, 0.0, 1e9, req[jid]), status=JobStatus.RUNNING,
+        js = JobState(Job(jid, 0.0, 1e9, req[jid]), status=State.RUNNING,
                       allocation=Allocation((WorkerSlot(0, old[jid]),)))
         state.allocate(js.allocation, req[jid])
         jobs[jid] = js
@@ -229,14 +235,7 @@ def test_only_a_move_on_a_cycle_is_restarted():
     pol._order_moves(cluster, moves, d)
     assert [p.job_id for p in d.preempts] == [1] and [s.job_id for s in d.starts] == [1]
     assert sorted(r.job_id for r in d.resizes) == [0, 2]
-    for p in d.preempts:  # apply as the owner does
-        state.release(jobs[p.job_id].allocation, req[p.job_id])
-    for r in d.resizes:
-        state.release(jobs[r.job_id].allocation, req[r.job_id])
-        state.allocate(r.allocation, req[r.job_id])
-    for st_ in d.starts:
-        state.allocate(st_.allocation, req[st_.job_id])
-    state.check()
+    apply_decisions(Snapshot(cluster, state, [], jobs), d)  # the owner applies the swap
 
 
 def test_decisions_never_over_commit_under_churn():
@@ -254,7 +253,7 @@ def test_decisions_never_over_commit_under_churn():
         jobs.append(Job(i, rng.uniform(0, 20 * ROUND), 1e9, req, job_type=rng.choice(types),
                         preemptible=rng.random() > 0.1))
     pol = Gavel(max_jobs=30)
-    owner = Owner(cluster, jobs, pol)
+    owner = Driver(cluster, jobs, pol)
     now = 0.0
     for _ in range(120):
         d = owner.step(now)
@@ -263,15 +262,13 @@ def test_decisions_never_over_commit_under_churn():
         # Finish a running job now and then, and wake at arrivals as well as at round ends.
         run = sorted(owner.running())
         if run and rng.random() < 0.3:
-            js = owner.jobs[rng.choice(run)]
-            owner.state.release(js.allocation, js.job.request)
-            js.status, js.allocation = JobStatus.COMPLETED, None
+            owner.finish(rng.choice(run), now)
         now = min(d.wake_at or now + ROUND, now + rng.uniform(1, ROUND))
 
 
 def test_mid_round_passes_only_fill_free_gpus():
     pol = Gavel()
-    owner = Owner(make_cluster(v100=1, k80=1), [job(0, "a3c"), job(1, "a3c"),
+    owner = Driver(make_cluster(v100=1, k80=1), [job(0, "a3c"), job(1, "a3c"),
                                                job(2, "a3c", submit=10.0)], pol)
     d = owner.step(0.0)
     assert len(d.starts) == 2 and d.wake_at == ROUND
@@ -286,10 +283,10 @@ def test_non_preemptible_jobs_hold_their_gpus():
     pol = Gavel()
     jobs = [job(0, "a3c", preemptible=False), job(1, "a3c", submit=1.0),
             job(2, "a3c", submit=1.0)]
-    owner = Owner(make_cluster(v100=1, k80=1), jobs, pol)
+    owner = Driver(make_cluster(v100=1, k80=1), jobs, pol)
     owner.step(0.0)
     for r in range(1, 10):
-        owner.step(r * ROUND)  # Owner.apply asserts it is never preempted or moved
+        owner.step(r * ROUND)  # the owner refuses to preempt or move it
     assert owner.on[(0, owner.jobs[0].model)] == 10
     assert sum(owner.on.get((j, m), 0) for j in (1, 2) for m in ("V100", "K80")) == 9
 
@@ -299,7 +296,7 @@ def test_lease_end_checkpoints_instead_of_losing_work():
     # that has never run (infinite priority): the lease moves, and the job checkpoints as its
     # lease ends, so rotation loses no work.
     cfg = SchedConfig(checkpoint_interval=600.0)
-    owner = Owner(make_cluster(v100=1, k80=0), [job(0, "a3c"), job(1, "a3c", submit=1.0)],
+    owner = Driver(make_cluster(v100=1, k80=0), [job(0, "a3c"), job(1, "a3c", submit=1.0)],
                   Gavel(), cfg)
     owner.step(0.0)
     owner.jobs[0].progress = ROUND  # unsaved: nothing checkpointed yet
@@ -318,15 +315,14 @@ def test_active_window_and_lp_resolved_only_on_change(monkeypatch):
 
     monkeypatch.setattr("plinth.sched.policies.gavel.max_min_fairness", counting)
     pol = Gavel(max_jobs=2)
-    owner = Owner(make_cluster(), [job(0, "a3c"), job(1, "lm"), job(2, "lm", submit=1.0)], pol)
+    owner = Driver(make_cluster(), [job(0, "a3c"), job(1, "lm"), job(2, "lm", submit=1.0)], pol)
     d = owner.step(0.0)
     owner.step(ROUND)
     assert len(calls) == 1  # same active set: no new solve
     d = owner.step(2 * ROUND)
     assert d.waiting[2] == "outside Gavel's active window (the 2 oldest jobs)"
     assert len(calls) == 1
-    owner.jobs[0].status = JobStatus.COMPLETED
-    owner.state.release(owner.jobs[0].allocation, owner.jobs[0].job.request)
+    owner.finish(0, 2 * ROUND + 5)
     d = owner.step(2 * ROUND + 5)  # mid-round: the newcomer fills the free GPU, no solve yet
     assert len(calls) == 1 and 2 in {s.job_id for s in d.starts}
     owner.step(3 * ROUND)

@@ -15,7 +15,8 @@ from plinth.sched.placement import place_and_allocate
 from plinth.sched.policies import make_policy
 from plinth.sched.policies.themis import Themis
 from plinth.sched.state import ClusterState
-from plinth.sched.types import Decisions, JobState, JobStatus, SchedConfig, Snapshot
+from plinth.sched.lifecycle import State
+from plinth.sched.types import Decisions, JobState, SchedConfig, Snapshot
 from plinth.sched.validate import apply_decisions
 from plinth.sim.engine import simulate
 from plinth.sim.metrics import summarize
@@ -35,7 +36,7 @@ def job(jid: int, duration: float, gpus: int = 1, submit: float = 0.0, **kw) -> 
 
 def running(state: ClusterState, j: Job, *, start: float = 0.0, progress: float = 0.0,
             rate: float = 1.0) -> JobState:
-    js = JobState(j, status=JobStatus.RUNNING, start_time=start, first_start=start,
+    js = JobState(j, status=State.RUNNING, start_time=start, first_start=start,
                   progress=progress, rate=rate, model="V100")
     js.allocation = place_and_allocate(state, j.request)
     assert js.allocation is not None, "test setup: running job does not fit"
@@ -177,27 +178,27 @@ def test_decisions_never_over_commit_under_churn():
     state = ClusterState(cluster)
     now = 0.0
     for _ in range(200):
-        run = {i: js for i, js in jobs.items() if js.status is JobStatus.RUNNING}
+        run = {i: js for i, js in jobs.items() if js.status is State.RUNNING}
         for js in run.values():  # progress at the job's rate
             js.progress = min(js.job.duration, js.progress + 60.0 * js.rate)
         pend = [js for js in jobs.values()
-                if js.status is JobStatus.PENDING and js.job.submit_time <= now]
+                if js.status is State.PENDING and js.job.submit_time <= now]
         snap = snapshot(pol, cluster, state, pend, list(run.values()))
         d = pol.schedule(snap, now)
         state = apply(snap, d)
         for p in d.preempts:
-            jobs[p.job_id].status, jobs[p.job_id].allocation = JobStatus.PENDING, None
+            jobs[p.job_id].status, jobs[p.job_id].allocation = State.PENDING, None
         for s in d.starts:
             js = jobs[s.job_id]
             js.status, js.allocation, js.model, js.start_time = (
-                JobStatus.RUNNING, s.allocation, s.model, now)
+                State.RUNNING, s.allocation, s.model, now)
             js.rate = 1.0 if s.model == "V100" else 0.6
         for js in list(run.values()):
-            if js.progress >= js.job.duration and js.status is JobStatus.RUNNING:
+            if js.progress >= js.job.duration and js.status is State.RUNNING:
                 state.release(js.allocation, js.job.request)
-                js.status, js.allocation = JobStatus.COMPLETED, None
+                js.status, js.allocation = State.SUCCEEDED, None
         now += 60.0
-    assert sum(js.status is JobStatus.COMPLETED for js in jobs.values()) > 20
+    assert sum(js.status is State.SUCCEEDED for js in jobs.values()) > 20
     assert np.isfinite(pol.rho(list(jobs.values()), now, 50, cluster)).all()
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from plinth.core.errors import SpecError
 from plinth.serve.serving import LocalServing
-from plinth.serve.spec import load_service, parse_service
+from plinth.core.spec import load_spec, spec_from_dict
 
 SPEC = {
     "quota": 2, "policy": "aiad", "tick_s": 10,
@@ -35,7 +35,7 @@ def _metric(text: str, code: int) -> int:
 
 
 def test_scales_up_and_down_without_losing_requests() -> None:
-    spec = parse_service(SPEC)
+    spec = spec_from_dict(SPEC, kind="Service")
     with LocalServing(spec) as s:
         url = s.url + "/v1/clf/infer"
         first = _burst(url, 60)
@@ -64,20 +64,24 @@ def test_scales_up_and_down_without_losing_requests() -> None:
 
 
 def test_service_spec_errors_name_the_field(tmp_path) -> None:
-    bad = dict(SPEC, quota=0)
-    with pytest.raises(SpecError, match="field quota"):
-        parse_service(bad)
+    def error(doc: dict) -> str:
+        with pytest.raises(SpecError) as e:
+            spec_from_dict(doc, source="s.yaml", kind="Service")
+        return str(e.value)
+
+    assert error(dict(SPEC, quota=0)) == "s.yaml: quota: must be >= 1 (got 0)"
     bad = dict(SPEC, jobs=[dict(SPEC["jobs"][0], slo_ms=0.5)])
-    with pytest.raises(SpecError, match="slo_ms 0.5 must be above service_ms 1"):
-        parse_service(bad)
+    assert error(bad) == "s.yaml: jobs[0]: slo_ms 0.5 must be above service_ms 1"
     bad = dict(SPEC, jobs=[dict(SPEC["jobs"][0], model="gpt-9")])
-    with pytest.raises(SpecError, match="model 'gpt-9'"):
-        parse_service(bad)
+    assert error(bad) == ("s.yaml: jobs[0].model: unknown model 'gpt-9'; choose one of: "
+                          "tiny-cnn, mlp")
+    assert error(dict(SPEC, policy="magic")).startswith("s.yaml: policy: unknown policy 'magic'; "
+                                                        "choose one of: faro-sum,")
     p = tmp_path / "s.yaml"
     p.write_text("quota: 1\njobs:\n  - {name: a, slo_ms: 10, service_ms: 1}\n"
                  "  - {name: b, slo_ms: 10, service_ms: 1}\n")
     with pytest.raises(SpecError, match="smaller than one replica per job"):
-        load_service(p)
+        load_spec(p, kind="Service")
 
 
 def test_cli_up_rejects_a_bad_config_before_starting_anything(tmp_path) -> None:
@@ -89,6 +93,6 @@ def test_cli_up_rejects_a_bad_config_before_starting_anything(tmp_path) -> None:
     p.write_text("quota: 2\npolicy: aiad\njobs:\n  - {name: a, slo_ms: 10, service_ms: 20}\n")
     res = CliRunner().invoke(app, ["up", str(p), "--duration-s", "1"])
     assert res.exit_code != 0
-    assert "field jobs.0: slo_ms 10 must be above service_ms 20" in str(res.exception)
+    assert f"{p}:4: jobs[0]: slo_ms 10 must be above service_ms 20" in str(res.exception)
     res = CliRunner().invoke(app, ["up", str(tmp_path / "missing.yaml")])
     assert "cannot read" in str(res.exception)

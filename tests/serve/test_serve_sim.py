@@ -101,6 +101,25 @@ def test_cli_bad_input_is_one_line(tmp_path: Path) -> None:
     assert "unknown policy 'magic'" in str(res.exception)
 
 
+def test_cli_finds_default_traces_only_through_plinth_traces(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.delenv("PLINTH_TRACES", raising=False)
+    res = CliRunner().invoke(app, ["sim", "--out", ""])
+    assert res.exit_code != 0
+    assert str(res.exception) == ("--trace: name a file, or set PLINTH_TRACES to the folder of "
+                                  "traces that holds faro-twitter/jobs10_6h.jsonl")
+    folder = tmp_path / "traces"
+    (folder / "faro-twitter").mkdir(parents=True)
+    _trace_file(tmp_path).rename(folder / "faro-twitter/jobs10_6h.jsonl")
+    monkeypatch.setenv("PLINTH_TRACES", str(folder))
+    res = CliRunner().invoke(app, ["sim", "--out", "", "--policy", "aiad"])
+    assert "--service-time: " in str(res.exception) and "does not exist" in str(res.exception)
+    (folder / "faro-twitter/resnet34_latency_lognorm.yaml").write_text(
+        "type: constant\nparams: {value: 0.1}\n")
+    res = CliRunner().invoke(app, ["sim", "--out", "", "--policy", "aiad", "--cpus", "8"])
+    assert res.exit_code == 0, res.output
+    assert "jobs10_6h.jsonl" in res.output
+
+
 def test_drop_variant_sheds_load_and_counts_it() -> None:
     tr = synthetic(n=3, minutes=15, peak=1500)
     cfg = SimConfig(service=SVC, quota=9)

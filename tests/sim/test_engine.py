@@ -8,7 +8,8 @@ from plinth.core import Cluster, Job, Node, Request
 from plinth.core.errors import UnplaceableError
 from plinth.sched.policies import make_policy
 from plinth.sched.policies.base import Policy
-from plinth.sched.types import Decisions, JobStatus, Preempt, SchedConfig
+from plinth.sched.lifecycle import State
+from plinth.sched.types import Decisions, Preempt, SchedConfig
 from plinth.sim.engine import simulate
 from plinth.sim.metrics import summarize
 from plinth.sim.traces.synthetic import synthetic_jobs
@@ -63,7 +64,7 @@ def test_unplaceable_job_is_an_error_naming_it_before_anything_runs():
     with pytest.raises(UnplaceableError, match=r"huge \(trace line 7\).*asks for 40 GPUs"):
         simulate(jobs, cluster(nodes=2), make_policy("fifo"))
     r = simulate(jobs, cluster(nodes=2), make_policy("fifo"), reject_unfit=True)
-    assert [js.status for js in r.jobs] == [JobStatus.COMPLETED, JobStatus.REJECTED]
+    assert [js.status for js in r.jobs] == [State.SUCCEEDED, State.REJECTED]
 
 
 class PreemptOnce(Policy):
@@ -115,7 +116,7 @@ def test_every_job_ends_in_exactly_one_terminal_state(seed, policy, frac):
     assert len(r.jobs) == len(jobs)
     assert {js.id for js in r.jobs} == {j.id for j in jobs}
     for js in r.jobs:
-        assert js.status is JobStatus.COMPLETED
+        assert js.status is State.SUCCEEDED
         assert js.end_time >= js.first_start >= js.job.submit_time
         assert js.progress == pytest.approx(js.job.duration)
 

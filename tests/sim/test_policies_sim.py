@@ -7,7 +7,8 @@ from hypothesis import strategies as st
 
 from plinth.core.spec import load_cluster
 from plinth.sched.policies import POLICIES, make_policy
-from plinth.sched.types import JobStatus, SchedConfig
+from plinth.sched.lifecycle import State
+from plinth.sched.types import SchedConfig
 from plinth.sim.engine import simulate
 from plinth.sim.metrics import summarize
 from plinth.sim.traces.synthetic import synthetic_jobs
@@ -24,7 +25,7 @@ def test_every_job_ends_once_and_nothing_is_over_committed(seed, policy, frac):
     r = simulate(jobs, HETERO, make_policy(policy), CFG, validate=True)  # checks every pass
     assert sorted(js.id for js in r.jobs) == sorted(j.id for j in jobs)
     for js in r.jobs:
-        assert js.status is JobStatus.COMPLETED, (policy, js.id, js.status, js.reason)
+        assert js.status is State.SUCCEEDED, (policy, js.id, js.status, js.reason)
         assert js.job.submit_time <= js.first_start <= js.end_time
         assert js.progress == pytest.approx(js.job.duration)
         assert js.allocation is not None  # the last allocation it ran on

@@ -168,7 +168,7 @@ def test_encoding(tmp_path):
 
 
 def test_unknown_format_and_missing_file(tmp_path):
-    with pytest.raises(SpecError, match="unknown trace format 'helios'; known formats: philly, "
+    with pytest.raises(SpecError, match="unknown trace format 'helios'; choose one of: philly, "
                                         "alibaba, csv"):
         load_trace("x.csv", "helios")
     assert "no-such.csv:0: cannot read trace" in trace_error(str(tmp_path / "no-such.csv"), "csv")

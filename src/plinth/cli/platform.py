@@ -34,10 +34,11 @@ def up(
     db: Annotated[str | None, typer.Option(help="SQLAlchemy URL, e.g. postgresql://u@host/db "
                                                 "[default: SQLite at $PLINTH_HOME/plinth.db].")]
     = None,
-    fake_gpus: Annotated[str | None, typer.Option(help="Declare virtual GPUs, e.g. 4xA100, "
+    fake_gpus: Annotated[str | None, typer.Option(help="Declare virtual GPUs, e.g. 4xA100 or "
+                                                       "2xA100,2xV100 (one node per model), "
                                                        "where NVML finds none.")] = None,
     policy: Annotated[str, typer.Option(help="Scheduling policy: fifo, sjf, priority, drf, "
-                                             "tiresias.")] = "drf",
+                                             "tiresias, themis, gavel.")] = "drf",
     grace: Annotated[float, typer.Option(help="Seconds between SIGTERM and SIGKILL.")] = 10.0,
     min_runtime: Annotated[float, typer.Option(help="Seconds a job runs before it may be "
                                                     "preempted.")] = 30.0,
@@ -54,9 +55,13 @@ def up(
 def submit(specs: Annotated[list[Path], typer.Argument(help="Job spec YAML files.")],
            server: Server = None, token: Token = None) -> None:
     """Submit jobs; prints each job's id."""
+    from plinth.control.spec import job_to_run
+    from plinth.core.spec import load_spec
+
+    jobs = [job_to_run(load_spec(path), str(path)) for path in specs]  # all checked, then sent
     with Client(server, token) as c:
-        for path in specs:
-            job_id = c.submit(path)
+        for path, job in zip(specs, jobs):
+            job_id = c.submit(job)
             console.print(f"Submitted job {job_id} ({path})", highlight=False)
 
 
@@ -108,6 +113,9 @@ def show(job: int, server: Server = None, token: Token = None) -> None:
         console.print(f"reason: {j['reason']}", highlight=False)
     if j["exit_code"] is not None:
         console.print(f"exit code: {j['exit_code']}")
+    if j.get("checkpoint_step") is not None:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(j["checkpoint_time"]))
+        console.print(f"last checkpoint: step {j['checkpoint_step']} at {when}", highlight=False)
     console.print("[bold]spec[/]")
     console.print(yaml.safe_dump(j["spec"], sort_keys=False).rstrip(), highlight=False)
     if j["allocation"]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,16 +16,11 @@ from rich.live import Live
 
 from plinth.cli.platform import console, jobs_table, nodes_table
 from plinth.client import Client
-from plinth.control.lifecycle import State
+from plinth.sched.lifecycle import State
 from plinth.core.errors import PlinthError
+from plinth.core.net import free_port
 
 EXAMPLES = ("train.yaml", "gang.yaml", "fraction.yaml")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_server(home: Path, port: int, *extra: str, log: Path | None = None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated
 
@@ -14,10 +15,22 @@ app = typer.Typer(help="SLO-aware inference autoscaling (Faro) and model serving
                   no_args_is_help=True, pretty_exceptions_enable=False)
 console = Console()
 
-ROOT = Path(__file__).resolve().parents[3]
-TRACES = ROOT.parent / "shared/data/traces"
-DEFAULT_TRACE = TRACES / "faro-twitter/jobs10_6h.jsonl"
-DEFAULT_SERVICE = TRACES / "faro-twitter/resnet34_latency_lognorm.yaml"
+# The Faro Twitter traces are data, not part of the package: `sim` finds them in the folder
+# named by $PLINTH_TRACES (e.g. ../shared/data/traces) when --trace / --service-time are left out.
+TRACES_ENV = "PLINTH_TRACES"
+DEFAULT_TRACE = "faro-twitter/jobs10_6h.jsonl"
+DEFAULT_SERVICE = "faro-twitter/resnet34_latency_lognorm.yaml"
+
+
+def _in_traces(option: str, name: str) -> str:
+    root = os.environ.get(TRACES_ENV)
+    if not root:
+        raise SpecError(f"{option}: name a file, or set {TRACES_ENV} to the folder of traces "
+                        f"that holds {name}")
+    path = Path(root).expanduser() / name
+    if not path.is_file():
+        raise SpecError(f"{option}: {path} does not exist ({TRACES_ENV} is {root})")
+    return str(path)
 
 
 def _window(text: str | None) -> tuple[int, int | None]:
@@ -32,10 +45,11 @@ def _window(text: str | None) -> tuple[int, int | None]:
 
 @app.command()
 def sim(
-    trace: Annotated[str, typer.Option(help="Per-minute count trace (Faro JSONL, or Azure LLM "
-                                            "CSV).")] = str(DEFAULT_TRACE),
-    service_time: Annotated[str, typer.Option(help="Service-time fit (YAML).")] =
-    str(DEFAULT_SERVICE),
+    trace: Annotated[str | None, typer.Option(
+        help=f"Per-minute count trace (Faro JSONL, or Azure LLM CSV) [default: "
+             f"${TRACES_ENV}/{DEFAULT_TRACE}].")] = None,
+    service_time: Annotated[str | None, typer.Option(
+        help=f"Service-time fit (YAML) [default: ${TRACES_ENV}/{DEFAULT_SERVICE}].")] = None,
     slo_ms: Annotated[float, typer.Option(help="Latency SLO per request (ms).")] = 720.0,
     cpus: Annotated[int, typer.Option(help="Quota: replicas in all (1 CPU each).")] = 32,
     policy: Annotated[str, typer.Option(help="Policy (see `plinth serve policies`).")] =
@@ -51,17 +65,21 @@ def sim(
 ) -> None:
     """Replay a trace under one or more autoscaling policies and compare them."""
     from plinth.serve import report
-    from plinth.serve.policies import make_policy
+    from plinth.serve.policies import POLICIES, make_policy
     from plinth.serve.sim import SimConfig, simulate
     from plinth.serve.traces import load_service_time, load_trace
 
     if not 0.0 < quantile < 1.0:
         raise SpecError(f"--quantile: {quantile} must lie strictly between 0 and 1")
     names = [policy] + [p.strip() for p in (compare or "").split(",") if p.strip()]
-    policies = [make_policy(n, quantile=quantile) for n in names]
+    # --quantile is Faro's; the baselines have no forecast to take it.
+    policies = [make_policy(n, **({"quantile": quantile} if POLICIES.check(n).startswith("faro")
+                                  else {})) for n in names]
+    trace = trace or _in_traces("--trace", DEFAULT_TRACE)
     tr = load_trace(trace).window(*_window(minutes))
     if jobs is not None:
         tr = tr.first_jobs(jobs)
+    service_time = service_time or _in_traces("--service-time", DEFAULT_SERVICE)
     cfg = SimConfig(service=load_service_time(service_time), slo_s=slo_ms / 1000.0, quota=cpus,
                     cold_start_s=cold_start_s, seed=seed)
     console.print(f"[bold]{len(tr.jobs)} jobs × {tr.minutes} min[/bold] from {trace}; "
@@ -84,8 +102,8 @@ def policies() -> None:
     """List the autoscaling policies."""
     from plinth.serve.policies import POLICIES
 
-    for name, factory in POLICIES.items():
-        policy = factory()
+    for name in POLICIES:
+        policy = POLICIES.make(name)
         doc = (policy.__doc__ or "").strip().splitlines()
         line = doc[0] if doc else ""
         if hasattr(policy, "objective"):
@@ -108,10 +126,10 @@ def up(
     import httpx
     import numpy as np
 
+    from plinth.core.spec import load_spec
     from plinth.serve.serving import LocalServing
-    from plinth.serve.spec import load_service
 
-    spec = load_service(config)
+    spec = load_spec(Path(config), kind="Service")
     if load_rps < 0:
         raise SpecError(f"--load-rps: {load_rps} must be >= 0")
     serving = LocalServing(spec)

@@ -59,6 +59,12 @@ def sim(
     compare_: Annotated[str | None, typer.Option("--compare", help="p1,p2,… side by side.")] = None,
     window: Annotated[str | None, typer.Option(help="Part of the trace, e.g. 0d:14d.")] = None,
     placement: Annotated[str, typer.Option(help="bestfit | fgd (fractional GPUs).")] = "bestfit",
+    throughputs: Annotated[str | None, typer.Option(
+        help="Job type x GPU model throughputs: Gavel's simulation_throughputs.json or a CSV "
+             "job_type,<model>,...; default: the built-in matrix.")] = None,
+    rounds: Annotated[str, typer.Option(
+        help="Round (lease) length in seconds for gavel and themis, as Gavel's "
+             "--time_per_iteration; 'off' recomputes the allocation at every event.")] = "360",
     json_path: Annotated[str | None, typer.Option("--json", help="Write results JSON.")] = None,
     out: Annotated[str | None, typer.Option(help="Folder for plots and results.")] = "results/sim",
 ) -> None:
@@ -66,11 +72,19 @@ def sim(
     from plinth.core.spec import load_cluster
     from plinth.sim.traces import load_trace
 
+    from plinth.core.throughput import DEFAULT_THROUGHPUTS, Throughputs
+    from plinth.sim.run import check_job_types, parse_rounds
+
     names = _policy_list(policy, compare_)
+    round_s = parse_rounds(rounds)
+    thr = Throughputs.load(throughputs) if throughputs else DEFAULT_THROUGHPUTS
     spec = load_cluster(cluster)
     tr = load_trace(trace, format, window=window)
-    cfg = sched_config(placement, tr.jobs)
+    check_job_types(tr.jobs, thr, trace)
+    cfg = sched_config(placement, tr.jobs, round_s=round_s, throughputs=thr)
     console.print(f"[bold]{len(tr.jobs):,} jobs[/bold] from {trace} on {spec.describe()}")
+    if throughputs:
+        console.print(f"throughputs: {thr.describe()}")
     _run(tr.jobs, spec, names, cfg, format == "alibaba", f"{Path(trace).name} · {placement}",
          json_path, out)
 

@@ -19,7 +19,7 @@ from pydantic import BaseModel, Field
 
 import plinth
 from plinth.control.auth import Auth, Principal, check_tenant_name
-from plinth.control.lifecycle import TERMINAL, State
+from plinth.sched.lifecycle import TERMINAL, State
 from plinth.control.service import Conflict, ControlPlane, NotFound
 from plinth.control.spec import JobSpec
 from plinth.core.errors import PlinthError, SpecError, UnplaceableError
@@ -57,6 +57,8 @@ class JobSummary(BaseModel):
     attempt: int
     exit_code: int | None
     preemptions: int
+    checkpoint_step: int | None = None  # the last checkpoint the job reported, and when
+    checkpoint_time: float | None = None
     gpus: float
     workers: int
     reason: str

@@ -1,6 +1,9 @@
 """Job specs: the YAML a user submits, checked once at the boundary by pydantic.
 
+Read them with `plinth.core.spec.load_spec` (the one loader of every kind of spec).
+
 ```yaml
+kind: Job                   # optional: a spec without a kind is a Job
 name: train-cnn
 tenant: research            # optional: the token's tenant by default
 command: ["python", "train.py", "--steps", "200"]   # or one string, run by /bin/sh -c
@@ -30,14 +33,14 @@ placement:                  # optional: a model-parallel plan for the GPUs given
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from plinth.core.errors import SpecError
 from plinth.core.gpus import gpu_model
 from plinth.core.resources import MILLI, Request
-from plinth.core.spec import parse_memory, parse_yaml, read_yaml, validation_message
+from plinth.core.spec import parse_memory
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d)?\s*$")
 _SECONDS = {None: 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -119,7 +122,9 @@ class Placement(BaseModel):
 
 class JobSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
+    run_with: ClassVar[str] = "plinth submit FILE"
 
+    kind: Literal["Job"] = "Job"
     name: str = "job"
     tenant: str | None = None
     command: list[str] = Field(min_length=1)
@@ -178,18 +183,11 @@ class JobSpec(BaseModel):
                        memory_mib=r.memory, workers=self.workers, gpu_models=tuple(r.gpu_model))
 
 
-def job_spec_from_dict(data: Any, *, source: str = "job spec") -> JobSpec:
-    if not isinstance(data, dict):
-        raise SpecError(f"{source}: expected a mapping of job fields, got {type(data).__name__}")
-    try:
-        return JobSpec.model_validate(data)
-    except ValidationError as e:
-        raise SpecError(validation_message(source, e, JobSpec)) from None
-
-
-def load_job_spec(path: str) -> JobSpec:
-    return job_spec_from_dict(read_yaml(path, "job spec"), source=path)
-
-
-def parse_job_spec(text: str, *, source: str = "job spec") -> JobSpec:
-    return job_spec_from_dict(parse_yaml(text, source), source=source)
+def job_to_run(spec: BaseModel, source: str = "spec") -> JobSpec:
+    """The Job spec that the control plane runs. A spec of another kind (loaded by
+    `plinth.core.spec.load_spec`) is a one-line error naming its kind and what runs it."""
+    if isinstance(spec, JobSpec):
+        return spec
+    kind, run_with = spec.kind, spec.run_with  # type: ignore[attr-defined]  # every kind has them
+    raise SpecError(f"{source}: kind: the control plane does not run {kind} specs yet; use "
+                    f"`{run_with}` meanwhile")

@@ -26,7 +26,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from plinth.control.lifecycle import TERMINAL, State, check_transition
+from plinth.sched.lifecycle import TERMINAL, State, check_transition
 from plinth.core.errors import PlinthError, SpecError
 
 metadata = sa.MetaData()
@@ -49,6 +49,8 @@ jobs = sa.Table(
     sa.Column("allocation", sa.JSON),
     sa.Column("handle", sa.JSON),
     sa.Column("preemptions", sa.Integer, nullable=False, default=0),
+    sa.Column("checkpoint_step", sa.Integer),  # the last checkpoint the job reported
+    sa.Column("checkpoint_time", sa.Float),
 )
 
 events = sa.Table(

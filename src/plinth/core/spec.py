@@ -1,28 +1,38 @@
-"""Loading a cluster description: a YAML spec, an Alibaba node list CSV, or a shorthand.
+"""User-written specs: the one loader for every kind, its one-line errors, and clusters.
+
+`load_spec(path_or_text)` reads a YAML spec once and checks it with the pydantic model of its
+top-level `kind` (`Job` when absent, `Service`, `FLTask`, `Cluster`; see `KINDS`):
+
+    spec = load_spec("train.yaml")                # any kind: JobSpec, ServiceSpec, AppSpec, ...
+    spec = load_spec("service.yaml", kind="Service")  # that kind only; `kind:` may be left out
+
+Every error is a one-line `SpecError`: the file, the line when known, the field path and the
+value, e.g. ``train.yaml:7: resources.gpus: must be >= 0 (got -1)``.
 
 `load_cluster(arg)` accepts
 
 - a path to a YAML spec (``.yaml``/``.yml``, or any existing file that is not ``.csv``);
 - a path to an Alibaba GPU 2023 node list (``.csv``, header ``sn,cpu_milli,memory_mib,gpu,model``);
 - a shorthand such as ``32x8xV100`` or ``16x8xV100,8x8xP100`` (count x GPUs per node x model).
-
-Every error is a one-line `SpecError` that names the file (or the argument) and the field.
 """
 
 from __future__ import annotations
 
 import csv
+import functools
 import os
 import re
 import typing
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, ClassVar, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from plinth.core.errors import SpecError
 from plinth.core.gpus import gpu_model
+from plinth.core.registry import Registry
 from plinth.core.resources import MILLI, Cluster, Node, TenantQuota
 
 # Shorthand nodes get the shape of a typical 8-GPU training server.
@@ -106,7 +116,9 @@ class TenantSpec(BaseModel):
 
 class ClusterSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
+    run_with: ClassVar[str] = "plinth sim --cluster FILE"
 
+    kind: Literal["Cluster"] = "Cluster"
     name: str = "cluster"
     nodes_per_rack: int | None = Field(default=None, ge=1)
     nodes: list[NodeGroupSpec] = Field(min_length=1)
@@ -193,60 +205,172 @@ def validation_message(where: str, exc: ValidationError, root: type[BaseModel]) 
     return errors_message(where, exc.errors(), root)
 
 
-def errors_message(where: str, errors: Sequence[dict[str, Any]], root: type[BaseModel]) -> str:
+def errors_message(where: str, errors: Sequence[dict[str, Any]], root: type[BaseModel], *,
+                   line_of: Callable[[tuple[Any, ...]], int | None] | None = None) -> str:
     """`validation_message` for a list of pydantic error dicts (FastAPI hands these over);
-    `where` may be empty."""
+    `where` may be empty. `line_of` maps a field path to its line in the file, when known."""
     # A misspelt field also makes the real one "missing"; the typo is the error to show.
     first = min(errors, key=lambda e: e["type"] != "extra_forbidden")
-    path = _loc_path(tuple(first["loc"]))
+    loc = tuple(first["loc"])
+    path = _loc_path(loc)
+    line = line_of(loc) if line_of is not None and where else None
     more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-    head = f"{where}: " if where else ""
+    head = f"{where}:{line}: " if line else f"{where}: " if where else ""
     return f"{head}{path + ': ' if path else ''}{_error_text(first, root)}{more}"
 
 
-def read_yaml(path: str, what: str) -> Any:
-    """Parse a YAML file; errors name the file, the line and the problem."""
+# --- reading YAML -----------------------------------------------------------------------------
+
+
+def read_text(path: str | Path, what: str) -> str:
+    """A UTF-8 file's text; an error names the file and `what` it should have held."""
     try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
+        return Path(path).read_text(encoding="utf-8")
     except OSError as e:
         raise SpecError(f"{path}: cannot read {what}: {e.strerror}") from None
-    return parse_yaml(text, path)
+    except UnicodeDecodeError:
+        raise SpecError(f"{path}: cannot read {what}: not UTF-8 text") from None
 
 
-def parse_yaml(text: str, where: str) -> Any:
+def parse_yaml_nodes(text: str, where: str) -> tuple[Any, yaml.Node | None]:
+    """The document and its node tree (which knows every value's line), from one parse; a
+    syntax error names the file and the line."""
+    loader = yaml.SafeLoader(text)
     try:
-        return yaml.safe_load(text)
+        node = loader.get_single_node()
+        return (None if node is None else loader.construct_document(node)), node
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         at = f"{where}:{mark.line + 1}" if mark is not None else where
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        context = getattr(e, "context", None)  # "while parsing ..." says nothing new
+        if context and not context.startswith("while "):
+            problem = f"{context}, {problem}"
         raise SpecError(f"{at}: invalid YAML: {problem}") from None
+    finally:
+        loader.dispose()
 
 
-# --- loaders ----------------------------------------------------------------------------------
+def read_yaml(path: str | Path, what: str) -> Any:
+    """Parse a YAML file; errors name the file, the line and the problem."""
+    return parse_yaml_nodes(read_text(path, what), str(path))[0]
+
+
+def _line_of(node: yaml.Node | None, loc: tuple[Any, ...]) -> int | None:
+    """The line of the deepest value along the field path `loc` (None: not in the file)."""
+    line = None
+    for part in loc:
+        child = None
+        if isinstance(node, yaml.MappingNode):
+            child = next((v for k, v in node.value
+                          if isinstance(k, yaml.ScalarNode) and k.value == str(part)), None)
+        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) \
+                and 0 <= part < len(node.value):
+            child = node.value[part]
+        if child is None:
+            break
+        node, line = child, child.start_mark.line + 1
+    return line
+
+
+# --- one loader for every kind of spec --------------------------------------------------------
+
+# A spec names its kind in a top-level `kind` field. Each kind's model has a field
+# `kind: Literal["<kind>"]` and a `run_with` ClassVar: the command that runs a spec of that kind.
+KINDS: Registry[type[BaseModel]] = Registry("kind")
+KINDS.add("Job", "plinth.control.spec:JobSpec")
+KINDS.add("Service", "plinth.serve.spec:ServiceSpec")
+KINDS.add("FLTask", "plinth.fl.app:AppSpec")
+KINDS.add("Cluster", ClusterSpec)
+DEFAULT_KIND = "Job"
+
+
+def load_spec(path_or_text: str | Path, *, kind: str | None = None, source: str | None = None,
+              overrides: Mapping[str, Any] | None = None) -> Any:
+    """Read a spec once and check it with its kind's model; returns the model.
+
+    `path_or_text` is a file (a `Path`, or a string without a newline) or YAML text (a string
+    with one; `source` then names it in errors, default "spec"). With `kind`, the file must be
+    of that kind and may leave `kind` out (`plinth serve up`, `plinth fl sim`); without, any
+    kind, and `Job` when the file names none (`plinth submit`). `overrides` maps dotted field
+    paths to values that replace the file's (from the command line). Every error is one line:
+    the file, the line when known, the field path and the value.
+    """
+    if isinstance(path_or_text, Path) or "\n" not in path_or_text:
+        where = str(path_or_text)
+        text = read_text(where, f"a {kind} spec" if kind else "a spec")
+    else:
+        where, text = source or "spec", path_or_text
+    data, node = parse_yaml_nodes(text, where)
+    return _check(data, where, kind, overrides, node)
+
+
+def spec_from_dict(data: Any, *, source: str = "spec", kind: str | None = None,
+                   overrides: Mapping[str, Any] | None = None) -> Any:
+    """`load_spec` for an already-parsed document (an API body, a test); `source` prefixes
+    every error and may be empty."""
+    return _check(data, source, kind, overrides, None)
+
+
+def _check(data: Any, where: str, kind: str | None, overrides: Mapping[str, Any] | None,
+           node: yaml.Node | None) -> Any:
+    head = f"{where}: " if where else ""
+    if not isinstance(data, dict):
+        got = "an empty document" if data is None else f"a {type(data).__name__}"
+        raise SpecError(f"{head}expected a mapping of spec fields, got {got}")
+    named = data.get("kind")
+    line = _line_of(node, ("kind",)) if named is not None else None
+    field = f"{where}:{line}: kind" if line else f"{head}kind"
+    name = KINDS.check(kind or DEFAULT_KIND) if named is None else KINDS.check(str(named),
+                                                                              field=field)
+    model = KINDS.get(name)
+    if kind is not None and name != KINDS.check(kind):
+        raise SpecError(f"{field}: this command reads a {KINDS.check(kind)} spec, not a {name} "
+                        f"spec (run that with `{model.run_with}`)")  # type: ignore[attr-defined]
+    data = _override({**data, "kind": name}, overrides or {}, where)
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        raise SpecError(errors_message(where, e.errors(), model,
+                                       line_of=functools.partial(_line_of, node))) from None
+
+
+def _override(data: dict[str, Any], overrides: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """`data` with each dotted field of `overrides` set (None: left as it is); `data` itself is
+    not changed."""
+    for key, value in overrides.items():
+        if value is None:
+            continue
+        *parents, leaf = key.split(".")
+        data = node = {**data}
+        for i, k in enumerate(parents):
+            child = node.get(k, {})
+            if not isinstance(child, dict):
+                raise SpecError(f"{where}: {'.'.join(parents[:i + 1])}: expected a mapping "
+                                f"to set {key} in, got {child!r}")
+            node[k] = child = {**child}
+            node = child
+        node[leaf] = value
+    return data
+
+
+# --- cluster loaders --------------------------------------------------------------------------
 
 
 def cluster_from_dict(data: Any, *, source: str = "cluster spec") -> Cluster:
     """Validate an already-parsed spec (e.g. from an API body). `source` prefixes every error."""
-    if data is None:
-        raise SpecError(f"{source}: is empty; expected a mapping with a 'nodes' list")
-    if not isinstance(data, dict):
-        raise SpecError(f"{source}: expected a mapping with a 'nodes' list, "
-                        f"got {type(data).__name__}")
-    try:
-        spec = ClusterSpec.model_validate(data)
-    except ValidationError as e:
-        raise SpecError(validation_message(source, e, ClusterSpec)) from None
+    return _to_cluster(spec_from_dict(data, source=source, kind="Cluster"), source)
+
+
+def load_cluster_yaml(path: str) -> Cluster:
+    return _to_cluster(load_spec(Path(path), kind="Cluster"), path)
+
+
+def _to_cluster(spec: ClusterSpec, source: str) -> Cluster:
     try:
         return spec.to_cluster()
     except SpecError as e:  # e.g. no GPUs, duplicate node names
         raise SpecError(f"{source}: {e}") from None
-
-
-def load_cluster_yaml(path: str) -> Cluster:
-    data = read_yaml(path, "cluster spec")
-    return cluster_from_dict(data, source=path)
 
 
 def alibaba_node_list(path: str) -> Cluster:
@@ -345,7 +469,7 @@ def load_cluster(arg: str) -> Cluster:
 
 def dump_cluster_yaml(cluster: Cluster) -> str:
     """A YAML spec that `load_cluster` reads back to an equal cluster (one entry per node)."""
-    data: dict[str, Any] = {"name": cluster.name, "nodes": []}
+    data: dict[str, Any] = {"kind": "Cluster", "name": cluster.name, "nodes": []}
     for n in cluster.nodes:
         entry: dict[str, Any] = {"name": n.name, "gpus": n.num_gpus}
         if n.gpu_model:

@@ -22,6 +22,7 @@ class Job:
     preemptible: bool = True
     job_type: str = ""  # for throughput matrices (Gavel); empty = use GPU model speed
     time_limit: float | None = None  # the user's estimate, as Slurm's --time; used by backfill
+    retries: int = 0  # a run that fails (exit code not 0) is requeued this many times
     source_line: int = 0  # line in the trace file it came from, for error messages
 
     @property

@@ -1,7 +1,9 @@
 """The FL app spec: one YAML file that `plinth fl server|client|sim` all read.
 
-Checked once, at the boundary, by pydantic models that refuse unknown keys. Errors are one line
-naming the file and the field, e.g. ``app.yaml: server.fraction: must be <= 1 (got 1.5)``.
+Checked once, at the boundary, by pydantic models that refuse unknown keys, through the one spec
+loader (`plinth.core.spec.load_spec`, kind `FLTask`; the file may leave `kind` out). Errors are
+one line naming the file, the line and the field, e.g.
+``app.yaml:7: server.fraction: must be <= 1 (got 1.5)``.
 
 The YAML names a Python file (`code`, relative to the YAML) that defines ``make_model(spec)``
 returning a `torch.nn.Module`; it may also define ``make_client(cid, train, test, spec)`` to
@@ -15,13 +17,14 @@ import importlib.util
 import sys
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from plinth.core.errors import SpecError
+from plinth.core.spec import load_spec, spec_from_dict
 from plinth.fl.compress import CODECS
+from plinth.fl.robust.rules import RULES
 from plinth.fl.strategies import STRATEGIES
 
 
@@ -60,14 +63,18 @@ class RobustSpec(_Spec):
     from one model (the streaming FedAvg engine) to n_clients models.
     """
 
-    rule: Literal["krum", "multi_krum", "bulyan", "median", "trimmed_mean", "centered_clipping",
-                  "fltrust"]
+    rule: str  # a name in plinth.fl.robust.rules.RULES
     f: int = Field(default=1, ge=0)  # attackers tolerated per round (krum, bulyan)
     m: int | None = Field(default=None, ge=1)  # multi_krum: updates kept (default n - f)
     trim: int | None = Field(default=None, ge=0)  # trimmed_mean: cut per side (default f)
     tau: float = Field(default=1.0, gt=0)  # centered_clipping: clip radius
     iterations: int = Field(default=3, ge=1)  # centered_clipping
     root_examples: int = Field(default=100, ge=1)  # fltrust: the server's clean root set
+
+    @field_validator("rule")
+    @classmethod
+    def _known(cls, v: str) -> str:
+        return RULES.check(v)
 
 
 class StrategySpec(_Spec):
@@ -78,9 +85,7 @@ class StrategySpec(_Spec):
     @field_validator("name")
     @classmethod
     def _known(cls, v: str) -> str:
-        if v.lower() not in STRATEGIES:
-            raise ValueError(f"unknown strategy {v!r}; choose one of: {', '.join(STRATEGIES)}")
-        return v.lower()
+        return STRATEGIES.check(v)
 
 
 class EligibilitySpec(_Spec):
@@ -141,9 +146,7 @@ class CompressionSpec(_Spec):
     @field_validator("kind")
     @classmethod
     def _known(cls, v: str) -> str:
-        if v not in CODECS:
-            raise ValueError(f"unknown kind {v!r}; choose one of: {', '.join(CODECS)}")
-        return v
+        return CODECS.check(v)
 
 
 class AttackSpec(_Spec):
@@ -283,6 +286,11 @@ class AdmmSpec(_Spec):
 
 
 class AppSpec(_Spec):
+    """Read it with `load_app` (or `plinth.core.spec.load_spec(path, kind="FLTask")`)."""
+
+    run_with: ClassVar[str] = "plinth fl sim|server|client FILE"
+
+    kind: Literal["FLTask"] = "FLTask"
     name: str = "fl-app"
     code: str | None = None
     seed: int = 0
@@ -299,6 +307,20 @@ class AppSpec(_Spec):
     checkpoint_dir: str | None = None
     base_dir: str = "."  # set by `load_app` to the YAML's folder
 
+    @model_validator(mode="after")
+    def _works_together(self) -> AppSpec:
+        # Build the strategy once so that its options are checked at start-up too.
+        from plinth.fl.strategies import make_strategy
+
+        try:
+            make_strategy(self.strategy.name, self.strategy.options)
+        except SpecError as e:
+            raise ValueError(str(e)) from None
+        problem = _combination_problem(self)
+        if problem:
+            raise ValueError(problem)
+        return self
+
     def resolve(self, p: str | None) -> str | None:
         """A path from the YAML, taken relative to the YAML's folder."""
         if p is None:
@@ -307,35 +329,10 @@ class AppSpec(_Spec):
         return str(q if q.is_absolute() else Path(self.base_dir) / q)
 
 
-def _first_error(e: ValidationError) -> str:
-    err = e.errors()[0]
-    loc = ".".join(str(x) for x in err["loc"]) or "(top level)"
-    msg = err["msg"].removeprefix("Value error, ")
-    if err["type"] == "value_error":
-        return f"{loc}: {msg}"
-    if err["type"] == "extra_forbidden":
-        return f"{loc}: unknown field"
-    return f"{loc}: {msg} (got {err.get('input')!r})"
-
-
 def parse_app(doc: Any, where: str = "app", base_dir: str = ".") -> AppSpec:
-    if not isinstance(doc, dict):
-        raise SpecError(f"{where}: expected a mapping at the top level, got {type(doc).__name__}")
-    try:
-        spec = AppSpec(**{**doc, "base_dir": base_dir})
-    except ValidationError as e:
-        raise SpecError(f"{where}: {_first_error(e)}") from None
-    # Build the strategy once so that its options are checked at start-up too.
-    from plinth.fl.strategies import make_strategy
-
-    try:
-        make_strategy(spec.strategy.name, spec.strategy.options)
-    except SpecError as e:
-        raise SpecError(f"{where}: {e}") from None
-    problem = _combination_problem(spec)
-    if problem:
-        raise SpecError(f"{where}: {problem}")
-    return spec
+    """An app spec from an already-parsed document; paths in it are taken relative to
+    `base_dir`."""
+    return spec_from_dict(doc, source=where, kind="FLTask", overrides={"base_dir": base_dir})
 
 
 def _combination_problem(spec: AppSpec) -> str | None:
@@ -344,7 +341,7 @@ def _combination_problem(spec: AppSpec) -> str | None:
 
     if (tree := tree_problem(spec)) is not None:
         return tree
-    asynchronous = STRATEGIES[spec.strategy.name].asynchronous
+    asynchronous = STRATEGIES.get(spec.strategy.name).asynchronous
     dp, secagg = spec.privacy.dp, spec.privacy.secagg
     for field_name, on in (("strategy.robust", spec.strategy.robust), ("privacy.dp", dp),
                            ("privacy.local_dp", spec.privacy.local_dp),
@@ -375,21 +372,8 @@ def _combination_problem(spec: AppSpec) -> str | None:
 def load_app(path: str | Path, overrides: dict[str, Any] | None = None) -> AppSpec:
     """Read and check an app YAML. `overrides` maps dotted fields to values (from the CLI)."""
     p = Path(path)
-    try:
-        doc = yaml.safe_load(p.read_text()) or {}
-    except OSError as e:
-        raise SpecError(f"{p}: cannot read ({e.strerror})") from None
-    except yaml.YAMLError as e:
-        raise SpecError(f"{p}: not valid YAML ({str(e).splitlines()[0]})") from None
-    for key, value in (overrides or {}).items():
-        if value is None:
-            continue
-        node = doc
-        *parents, leaf = key.split(".")
-        for k in parents:
-            node = node.setdefault(k, {})
-        node[leaf] = value
-    return parse_app(doc, str(p), str(p.resolve().parent))
+    return load_spec(p, kind="FLTask",
+                     overrides={**(overrides or {}), "base_dir": str(p.resolve().parent)})
 
 
 def load_code(spec: AppSpec) -> ModuleType:

@@ -14,14 +14,16 @@ turns a dense delta into the arrays that travel plus a codec name and metadata; 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from plinth.core.registry import Registry
 from plinth.fl.aggregate.engine import UpdateRejected
 from plinth.fl.messages import NDArrays
 
-CODECS = ("none", "q8", "q16", "topk")
 _QTYPE = {"q8": np.uint8, "q16": np.uint16}
 
 
@@ -30,49 +32,51 @@ class Compressor:
 
     def __init__(self, kind: str = "none", *, ratio: float = 0.01,
                  error_feedback: bool = True) -> None:
-        if kind not in CODECS:
-            raise ValueError(f"unknown compression {kind!r}; choose one of {', '.join(CODECS)}")
-        self.kind, self.ratio, self.error_feedback = kind, ratio, error_feedback
+        self.kind, self.ratio, self.error_feedback = CODECS.check(kind), ratio, error_feedback
+        self.codec = CODECS.get(self.kind)
         self.residual: NDArrays | None = None
 
     def encode(self, delta: NDArrays) -> tuple[NDArrays, str, dict[str, Any]]:
-        if self.kind == "none":
-            return delta, "", {}
-        if self.kind in _QTYPE:
-            return _quantise(delta, self.kind)
-        return self._topk(delta)
+        """The arrays that travel, the codec name the server decodes them with, its metadata."""
+        return self.codec.encode(self, delta)
 
-    def _topk(self, delta: NDArrays) -> tuple[NDArrays, str, dict[str, Any]]:
-        if self.error_feedback and self.residual is not None:
-            delta = [d + r for d, r in zip(delta, self.residual)]
-        out: NDArrays = []
-        specs = []
-        residual: NDArrays = []
-        for d in delta:
-            flat = np.asarray(d, dtype=np.float32).reshape(-1)
-            n = flat.size
-            if not np.issubdtype(np.asarray(d).dtype, np.floating) or n == 0:
-                specs.append({"shape": list(np.shape(d)), "dtype": np.asarray(d).dtype.str,
-                              "raw": True})
-                out.append(np.asarray(d))
-                residual.append(np.zeros(np.shape(d), np.float32))
-                continue
-            k = max(1, min(n, math.ceil(self.ratio * n)))
-            idx = np.argpartition(np.abs(flat), n - k)[n - k:] if k < n else np.arange(n)
-            idx = np.sort(idx).astype(np.uint32)
-            vals = flat[idx]
-            out += [idx, vals.astype(np.float32)]
+
+def _plain(comp: Compressor, delta: NDArrays) -> tuple[NDArrays, str, dict[str, Any]]:
+    return delta, "", {}
+
+
+def _topk(comp: Compressor, delta: NDArrays) -> tuple[NDArrays, str, dict[str, Any]]:
+    if comp.error_feedback and comp.residual is not None:
+        delta = [d + r for d, r in zip(delta, comp.residual)]
+    out: NDArrays = []
+    specs = []
+    residual: NDArrays = []
+    for d in delta:
+        flat = np.asarray(d, dtype=np.float32).reshape(-1)
+        n = flat.size
+        if not np.issubdtype(np.asarray(d).dtype, np.floating) or n == 0:
             specs.append({"shape": list(np.shape(d)), "dtype": np.asarray(d).dtype.str,
-                          "raw": False})
-            rest = flat.copy()
-            rest[idx] = 0
-            residual.append(rest.reshape(np.shape(d)))
-        if self.error_feedback:
-            self.residual = residual
-        return out, "topk", {"arrays": specs}
+                          "raw": True})
+            out.append(np.asarray(d))
+            residual.append(np.zeros(np.shape(d), np.float32))
+            continue
+        k = max(1, min(n, math.ceil(comp.ratio * n)))
+        idx = np.argpartition(np.abs(flat), n - k)[n - k:] if k < n else np.arange(n)
+        idx = np.sort(idx).astype(np.uint32)
+        vals = flat[idx]
+        out += [idx, vals.astype(np.float32)]
+        specs.append({"shape": list(np.shape(d)), "dtype": np.asarray(d).dtype.str,
+                      "raw": False})
+        rest = flat.copy()
+        rest[idx] = 0
+        residual.append(rest.reshape(np.shape(d)))
+    if comp.error_feedback:
+        comp.residual = residual
+    return out, "topk", {"arrays": specs}
 
 
-def _quantise(delta: NDArrays, kind: str) -> tuple[NDArrays, str, dict[str, Any]]:
+def _quantise(comp: Compressor, delta: NDArrays) -> tuple[NDArrays, str, dict[str, Any]]:
+    kind = comp.kind
     qt = _QTYPE[kind]
     levels = float(np.iinfo(qt).max)
     out: NDArrays = []
@@ -96,20 +100,19 @@ def decompress(arrays: NDArrays, codec: str, meta: dict[str, Any],
     """Dense deltas from what a `Compressor` sent. A malformed payload raises `UpdateRejected`."""
     if codec == "":
         return arrays
+    if codec not in CODECS or codec == "none":
+        raise UpdateRejected(f"unknown codec {codec!r}")
     try:
         specs = meta["arrays"]
         if len(specs) != len(template):
             raise UpdateRejected(f"{codec}: {len(specs)} arrays, the model has {len(template)}")
-        if codec in _QTYPE:
-            return _dequantise(arrays, specs, template, _QTYPE[codec])
-        if codec == "topk":
-            return _densify(arrays, specs, template)
+        return CODECS.get(codec).decode(arrays, specs, template, codec)
     except (KeyError, TypeError, ValueError, IndexError) as e:
         raise UpdateRejected(f"{codec}: malformed compressed update ({e})") from None
-    raise UpdateRejected(f"unknown codec {codec!r}")
 
 
-def _dequantise(arrays: NDArrays, specs: list[dict], template: list, qt: type) -> NDArrays:
+def _dequantise(arrays: NDArrays, specs: list[dict], template: list, codec: str) -> NDArrays:
+    qt = _QTYPE[codec]
     if len(arrays) != len(specs):
         raise UpdateRejected(f"quantised update has {len(arrays)} arrays for {len(specs)} specs")
     out: NDArrays = []
@@ -128,7 +131,7 @@ def _dequantise(arrays: NDArrays, specs: list[dict], template: list, qt: type) -
     return out
 
 
-def _densify(arrays: NDArrays, specs: list[dict], template: list) -> NDArrays:
+def _densify(arrays: NDArrays, specs: list[dict], template: list, codec: str) -> NDArrays:
     out: NDArrays = []
     pos = 0
     for i, (s, (shape, dtype)) in enumerate(zip(specs, template)):
@@ -147,3 +150,24 @@ def _densify(arrays: NDArrays, specs: list[dict], template: list) -> NDArrays:
     if pos != len(arrays):
         raise UpdateRejected(f"top-k update has {len(arrays)} arrays, expected {pos}")
     return out
+
+
+def _no_decode(arrays: NDArrays, specs: list[dict], template: list, codec: str) -> NDArrays:
+    # An uncompressed update travels with codec "" and is never decoded (see decompress).
+    raise UpdateRejected("an uncompressed update has no codec to decode")
+
+
+@dataclass(frozen=True, slots=True)
+class Codec:
+    """One `compression.kind`: `encode(compressor, delta)` on the client, `decode(arrays,
+    specs, template, name)` on the server."""
+
+    encode: Callable[[Compressor, NDArrays], tuple[NDArrays, str, dict[str, Any]]]
+    decode: Callable[[NDArrays, list[dict], list, str], NDArrays]
+
+
+CODECS: Registry[Codec] = Registry("compression")
+CODECS.add("none", Codec(_plain, _no_decode))
+CODECS.add("q8", Codec(_quantise, _dequantise))
+CODECS.add("q16", Codec(_quantise, _dequantise))
+CODECS.add("topk", Codec(_topk, _densify))

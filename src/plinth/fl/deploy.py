@@ -13,7 +13,7 @@ from plinth.fl.checkpoint import Checkpointer
 from plinth.fl.client import AppClients
 from plinth.fl.server import RoundRecord
 from plinth.fl.sim import initial_model, serve_rounds, summary
-from plinth.fl.transport.grpc import GrpcClient, GrpcTransport, _read, load_tokens, parse_address
+from plinth.fl.transport.grpc import GrpcClient, GrpcTransport, load_tokens, parse_address, read_pem
 
 
 def run_server(app_path: str, *, address: str, rounds: int | None = None, resume: bool = False,
@@ -45,8 +45,8 @@ def _listen(spec: AppSpec, app_path: str, address: str) -> GrpcTransport:
     if t.tls is not None:
         if not (t.tls.cert and t.tls.key):
             raise SpecError(f"{app_path}: transport.tls: the server needs both cert and key")
-        cert = _read(spec.resolve(t.tls.cert), "transport.tls.cert")
-        key = _read(spec.resolve(t.tls.key), "transport.tls.key")
+        cert = read_pem(spec.resolve(t.tls.cert), "transport.tls.cert")
+        key = read_pem(spec.resolve(t.tls.key), "transport.tls.key")
     return GrpcTransport(address, tokens=tokens, cert=cert, key=key, chunk_size=t.chunk_size)
 
 
@@ -56,7 +56,7 @@ def _dial(spec: AppSpec, server: str, client_id: str, token: str | None,
     t = spec.transport
     ca = None
     if t.tls is not None and t.tls.ca:
-        ca = _read(spec.resolve(t.tls.ca), "transport.tls.ca")
+        ca = read_pem(spec.resolve(t.tls.ca), "transport.tls.ca")
     token = token or t.token or os.environ.get("PLINTH_FL_TOKEN")
     # With a token the server knows who we are; without one, `client_id` is our id.
     return GrpcClient(server, client_id=t.client_id or ("" if token else client_id),

@@ -33,7 +33,7 @@ from plinth.core.errors import PlinthError, SpecError
 from plinth.fl.aggregate.engine import UpdateRejected, check_shapes
 from plinth.fl.app import AppSpec, ConsentSpec, DPSpec, LocalDPSpec, RobustSpec, SecAggSpec
 from plinth.fl.messages import ClientInfo, Failure, Metrics, NDArrays
-from plinth.fl.robust import aggregators as rules
+from plinth.fl.robust.rules import RULES, RuleInputs
 from plinth.fl.strategies.base import Strategy
 
 if TYPE_CHECKING:
@@ -146,47 +146,6 @@ class CollectingAggregator:
         self.rows.clear()
 
 
-# -- robust rules --------------------------------------------------------------------------------
-
-
-def robust_min_clients(spec: RobustSpec) -> int:
-    """The fewest updates the rule is defined for."""
-    if spec.rule in ("krum", "multi_krum"):
-        return spec.f + 3
-    if spec.rule == "bulyan":
-        return 4 * spec.f + 3
-    if spec.rule == "trimmed_mean":
-        return 2 * (spec.f if spec.trim is None else spec.trim) + 1
-    return 1
-
-
-def robust_reduce(spec: RobustSpec, rows: np.ndarray, weights: np.ndarray, *,
-                  center: np.ndarray | None = None,
-                  server_update: np.ndarray | None = None) -> rules.AggregateResult:
-    """The rule named by `spec` over the (n, d) updates: a pure function."""
-    n = rows.shape[0]
-    if spec.rule == "krum":
-        return rules.krum(rows, f=spec.f, weights=weights)
-    if spec.rule == "multi_krum":
-        m = min(n, spec.m if spec.m is not None else max(1, n - spec.f))
-        return rules.multi_krum(rows, f=spec.f, m=m, weights=weights)
-    if spec.rule == "bulyan":
-        return rules.bulyan(rows, f=spec.f)
-    if spec.rule == "median":
-        return rules.coordinate_median(rows)
-    if spec.rule == "trimmed_mean":
-        return rules.trimmed_mean(rows, trim=spec.f if spec.trim is None else spec.trim)
-    if spec.rule == "centered_clipping":
-        c = np.zeros(rows.shape[1]) if center is None else center
-        return rules.centered_clipping(rows, center=c, tau=spec.tau,
-                                       iterations=spec.iterations, weights=weights)
-    if spec.rule == "fltrust":
-        if server_update is None:
-            raise ValueError("fltrust needs the server's root-set update")
-        return rules.fltrust(rows, server_update=server_update)
-    raise ValueError(f"unknown robust rule {spec.rule!r}")
-
-
 def root_trainer(spec: AppSpec) -> Callable[[NDArrays, int], np.ndarray]:
     """FLTrust's server update: one local fit from the global model on a small clean root set
     (`strategy.robust.root_examples` examples of the training split, drawn from the seed)."""
@@ -263,7 +222,8 @@ class Safeguards:
                 raise SpecError(f"consent.registry: {path} does not exist (a ConsentRegistry "
                                 f"SQLite file)")
             self.registry = ConsentRegistry(path)
-        if self.robust is not None and self.robust.rule == "fltrust" and server_update is None:
+        if (self.robust is not None and RULES.get(self.robust.rule).needs_server_update
+                and server_update is None):
             raise SpecError("strategy.robust.rule: fltrust needs a server that holds data "
                             "(a root set); this server has none")
 
@@ -326,7 +286,7 @@ class Safeguards:
     def admit(self, r: int, k: int, pool_size: int) -> str | None:
         """None if a round of `k` clients drawn from `pool_size` may run; otherwise why the task
         stops before it (too few clients for the robust rule or SecAgg, the DP budget)."""
-        need = robust_min_clients(self.robust) if self.robust is not None else 1
+        need = 1 if self.robust is None else RULES.get(self.robust.rule).min_clients(self.robust)
         if self.robust is not None and k < need:
             return (f"strategy.robust: rule {self.robust.rule} with f={self.robust.f} needs at "
                     f"least {need} clients a round, round {r} selected {k}")
@@ -369,13 +329,15 @@ class Safeguards:
         spec = self.robust
         assert spec is not None
 
+        rule = RULES.get(spec.rule)
+
         def reduce(rows: np.ndarray, weights: np.ndarray) -> Reduced:
             g0 = None
-            if spec.rule == "fltrust":
+            if rule.needs_server_update:
                 assert self.server_update is not None
                 g0 = self.server_update(params, r)
             try:
-                res = robust_reduce(spec, rows, weights, center=self.center, server_update=g0)
+                res = rule.reduce(spec, RuleInputs(rows, weights, self.center, g0))
             except ValueError as e:
                 # fewer updates arrived than the rule needs (failures): keep the model
                 log.warning("round %d: %s; the model stays", r, e)

@@ -20,6 +20,7 @@ from plinth.fl.app import AppSpec, load_app, load_code
 from plinth.fl.checkpoint import Checkpointer
 from plinth.fl.data import client_partitions, load_source
 from plinth.fl.messages import Metrics, NDArrays
+from plinth.fl.robust.rules import RULES
 from plinth.fl.safeguards import Safeguards, root_trainer
 from plinth.fl.server import RoundRecord, Server
 from plinth.fl.strategies import make_strategy
@@ -72,7 +73,8 @@ def central_evaluator(spec: AppSpec, model: Any) -> Callable[[NDArrays], tuple[f
 def make_safeguards(spec: AppSpec) -> Safeguards:
     """The app's robust rule, DP, SecAgg and consent settings for a server that holds data."""
     robust = spec.strategy.robust
-    update = root_trainer(spec) if robust is not None and robust.rule == "fltrust" else None
+    root = robust is not None and RULES.get(robust.rule).needs_server_update
+    update = root_trainer(spec) if root else None
     return Safeguards(spec, server_update=update)
 
 

@@ -43,6 +43,14 @@ PCIE = CommModel(1.0 / 12e3, 10.0, "PCIe 3 x16 preset")
 NVLINK = CommModel(1.0 / 150e3, 5.0, "NVLink preset")
 
 
+def pcie() -> CommModel:
+    return PCIE
+
+
+def nvlink() -> CommModel:
+    return NVLINK
+
+
 def fit(sizes, times_us, *, source: str = "fit") -> CommModel:
     """Least-squares line through (bytes, µs); slope and intercept are kept non-negative."""
     x = np.asarray(sizes, dtype=np.float64)

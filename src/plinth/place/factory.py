@@ -4,8 +4,11 @@ platform's placement step for a job (`plinth.place.for_job`) share."""
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
+from typing import Any
 
 from plinth.core.errors import SpecError
+from plinth.core.registry import Registry
 
 
 def load_factory(target: str):
@@ -36,15 +39,15 @@ def build(factory, batch: int, target: str):
                     f"got {type(built).__name__}")
 
 
-def comm_model(kind: str):
-    from plinth.place import comm
+# --comm: the link between devices, measured here or a preset.
+COMM_MODELS: Registry[Callable[[], Any]] = Registry("comm model", field="--comm")
+COMM_MODELS.add("measure", "plinth.place.comm:measure_local")
+COMM_MODELS.add("pcie", "plinth.place.comm:pcie")
+COMM_MODELS.add("nvlink", "plinth.place.comm:nvlink")
 
-    if kind == "measure":
-        return comm.measure_local()
-    presets = {"pcie": comm.PCIE, "nvlink": comm.NVLINK}
-    if kind not in presets:
-        raise SpecError(f"--comm: expected measure, pcie or nvlink, got {kind!r}")
-    return presets[kind]
+
+def comm_model(kind: str):
+    return COMM_MODELS.make(kind)
 
 
 def plan_target(target: str, *, devices: int, memory_bytes: int, algo: str = "m-etf",
@@ -56,6 +59,7 @@ def plan_target(target: str, *, devices: int, memory_bytes: int, algo: str = "m-
 
     devs = Devices.uniform(devices, memory_bytes)
     placer(algo)  # an unknown name fails before any work
+    COMM_MODELS.check(comm)
     if batch < 1:
         raise SpecError(f"--batch: must be at least 1 (got {batch})")
     pb = profile_batch or min(batch, 8)

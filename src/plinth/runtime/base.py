@@ -61,20 +61,25 @@ class Handle:
     job_id: int
     attempt: int
     procs: tuple[ProcRef, ...]
+    checkpoint_dir: str | None = None  # watched for checkpoint markers after adoption too
 
     def to_dict(self) -> dict:
         return {"job_id": self.job_id, "attempt": self.attempt,
-                "procs": [[p.pid, p.start_time, p.exit_file] for p in self.procs]}
+                "procs": [[p.pid, p.start_time, p.exit_file] for p in self.procs],
+                "checkpoint_dir": self.checkpoint_dir}
 
     @classmethod
     def from_dict(cls, d: Mapping) -> Handle:
+        ckpt = d.get("checkpoint_dir")  # absent in handles stored before it existed
         return cls(int(d["job_id"]), int(d["attempt"]),
-                   tuple(ProcRef(int(p[0]), float(p[1]), str(p[2])) for p in d["procs"]))
+                   tuple(ProcRef(int(p[0]), float(p[1]), str(p[2])) for p in d["procs"]),
+                   None if ckpt is None else str(ckpt))
 
 
 class EventKind(enum.Enum):
     EXITED = "exited"  # every worker has exited; exit_code is the first non-zero code, else 0
     LOST = "lost"  # the workers vanished without leaving an exit code
+    CHECKPOINTED = "checkpointed"  # the job saved a checkpoint: `step`, written at `at`
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,11 +89,18 @@ class RuntimeEvent:
     kind: EventKind
     exit_code: int | None = None
     message: str = ""
+    step: int | None = None  # CHECKPOINTED: the step the job saved
+    at: float | None = None  # CHECKPOINTED: when it was written (the runtime's clock)
 
 
 class Runtime(Protocol):
     """What every runtime provides. Events are delivered by `poll`; `notify` (given to the
-    constructor) is called from any thread when new events are ready, to wake the control loop."""
+    constructor) is called from any thread when new events are ready, to wake the control loop.
+    `capabilities` names what it can do beyond launch and stop ("checkpoint": a stop lets the
+    job save first; "relaunch": a job's next attempt may start on other GPUs); a policy that
+    needs more is refused at start-up."""
+
+    capabilities: frozenset[str]
 
     def nodes(self) -> list[Node]:
         """The nodes this runtime can place work on."""

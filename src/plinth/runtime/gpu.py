@@ -90,7 +90,7 @@ def _text(v: str | bytes) -> str:
 
 
 def parse_fake_gpus(value: str) -> tuple[int, str]:
-    """`--fake-gpus 4xA100` -> (4, "A100")."""
+    """One group of `--fake-gpus`: `4xA100` -> (4, "A100")."""
     m = _FAKE.match(value or "")
     if m is None:
         raise SpecError(f"--fake-gpus: expected COUNTxMODEL such as 4xA100, got {value!r}")
@@ -103,10 +103,32 @@ def parse_fake_gpus(value: str) -> tuple[int, str]:
         raise SpecError(f"--fake-gpus: {e}") from None
 
 
+def parse_fake_gpu_groups(value: str) -> list[tuple[int, str]]:
+    """`--fake-gpus 2xA100,2xV100` -> [(2, "A100"), (2, "V100")]: one group per GPU model, in
+    the order given. The local runtime makes one fake node of each group."""
+    parts = (value or "").split(",")
+    groups = []
+    for part in parts:
+        try:
+            groups.append(parse_fake_gpus(part))
+        except SpecError as e:
+            raise SpecError(f"{e} (in {value!r})" if len(parts) > 1 else str(e)) from None
+    seen: set[str] = set()
+    for _, model in groups:
+        if model in seen:
+            raise SpecError(f"--fake-gpus: model {model} is given twice in {value!r}; "
+                            f"give each model once with its total count")
+        seen.add(model)
+    return groups
+
+
 def fake_gpus(value: str) -> list[GpuInfo]:
-    count, model = parse_fake_gpus(value)
-    mem = GPU_CATALOG[model].memory_mib
-    return [GpuInfo(i, f"fake {model}", model, mem) for i in range(count)]
+    """Virtual GPUs, numbered from 0 across all groups in the order given."""
+    out: list[GpuInfo] = []
+    for count, model in parse_fake_gpu_groups(value):
+        mem = GPU_CATALOG[model].memory_mib
+        out += [GpuInfo(len(out) + i, f"fake {model}", model, mem) for i in range(count)]
+    return out
 
 
 def mps_env(pipe_dir: Path, gpu_milli: int, gpu_memory_mib: int) -> dict[str, str]:

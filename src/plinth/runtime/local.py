@@ -9,11 +9,26 @@ One watcher thread serves the whole runtime. Every 50 ms it reaps the runtime's 
 (os.waitid) and checks adopted workers (psutil, pid plus start time), turns finished attempts
 into events, enforces gang semantics (one worker fails, the others are stopped) and sends SIGKILL
 when a stop's grace period runs out, so that no caller ever sleeps.
+
+Checkpoints reach the platform through a file, so that a job never needs a token: after a
+checkpoint is in place, `plinth.job` replaces a small marker (plinth.job.CHECKPOINT_MARKER) in the
+checkpoint directory with {"step", "attempt", "time"}. The watcher stats the marker of every
+watched attempt on each tick and reports a new one (by inode, mtime and size, then content) as a
+CHECKPOINTED event. Markers are looked at after exits are reaped and reported before the EXITED
+of the same tick, so a job that saves and exits is seen in that order. The marker holds only the
+latest save: saves closer together than a tick are reported as the last of them. After a restart
+the latest marker of an adopted attempt is reported again (at least once, never lost).
+
+With fake GPUs of several models (`2xA100,2xV100`) the machine is offered as one fake node per
+model (`localhost-a100`, `localhost-v100`) that share its CPUs and memory in proportion to their
+GPUs; a worker's GPU indices are local to its node and mapped to the machine's numbering here.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import math
 import os
 import shutil
 import signal
@@ -30,6 +45,7 @@ import psutil
 
 from plinth.core.errors import PlinthError
 from plinth.core.resources import MILLI, Node
+from plinth.job import CHECKPOINT_MARKER
 from plinth.runtime import shim
 from plinth.runtime.base import EventKind, Handle, LaunchSpec, ProcRef, RuntimeEvent, WorkerLaunch
 from plinth.runtime.gpu import GpuInfo, MpsManager, discover_gpus
@@ -42,6 +58,11 @@ POLL_S = 0.05
 MIB = 2**20
 SHIM = str(Path(shim.__file__).resolve())
 START_TIME_TOLERANCE_S = 0.001
+# A marker is a few dozen bytes; anything much larger is not one of ours and is not read.
+MARKER_MAX_BYTES = 4096
+# An adopted attempt's launch time is known only from the kernel's process start times, which
+# psutil derives from a boot time in whole seconds.
+ADOPTED_START_SLACK_S = 1.0
 # Inherited variables that would attach a worker to the wrong MPS daemon or mislabel it.
 _SCRUBBED_PREFIXES = ("CUDA_MPS_", "PLINTH_")
 
@@ -67,13 +88,29 @@ class _Attempt:
     job_id: int
     attempt: int
     workers: list[_Worker]
+    checkpoint_dir: str | None = None
+    launched_at: float = 0.0  # wall clock; an older marker is not this attempt's
     ended: list[_Worker] = field(default_factory=list)  # in the order they were seen to end
     kill_at: float | None = None  # monotonic time of the SIGKILL that ends a stop's grace
     reason: str = ""
+    marker_seen: tuple[int, ...] | None = None  # (inode, mtime, ctime, size) last looked at
+    marker_last: tuple[int, float] | None = None  # (step, time) last reported
+
+
+@dataclass(frozen=True, slots=True)
+class _LocalNode:
+    """A node this runtime offers: the whole machine, or one fake model group of it."""
+
+    name: str
+    gpus: tuple[int, ...]  # the machine's GPU indices, in the node's local order
 
 
 class LocalRuntime:
     """Runs jobs as processes on this machine; see plinth.runtime.base.Runtime for the contract."""
+
+    # A stop is SIGTERM (the job SDK's should_stop: save, then exit) and every attempt may
+    # start on any of this machine's GPUs.
+    capabilities = frozenset({"checkpoint", "relaunch"})
 
     def __init__(self, home: Path, *, fake_gpus: str | None = None,
                  notify: Callable[[], None] | None = None, node_name: str = "localhost",
@@ -84,6 +121,7 @@ class LocalRuntime:
         self.gang_grace_s = gang_grace_s
         self.gpus: list[GpuInfo] = make_fake_gpus(fake_gpus) if fake_gpus else discover_gpus()
         self.fake_gpus = bool(fake_gpus)
+        self._nodes = _split_nodes(node_name, self.gpus, fake=self.fake_gpus)
         self.mps = MpsManager(self.home, self.gpus, fake=self.fake_gpus)
         self.mps_available = self.mps.available
         self._limiter = Limiter(cgroup_parent=cgroup_parent)
@@ -106,11 +144,19 @@ class LocalRuntime:
         limit = _cgroup_memory_limit_mib()
         if limit:
             memory = min(memory, limit)
-        model = self.gpus[0].model if self.gpus else None
-        return [Node(self.node_name, cpus * MILLI, memory, model, len(self.gpus))]
+        nodes = list(self._nodes.values())
+        weights = [len(n.gpus) for n in nodes]
+        cpu_shares = _shares(cpus * MILLI, weights)
+        memory_shares = _shares(memory, weights)
+        out = []
+        for n, c, m in zip(nodes, cpu_shares, memory_shares, strict=True):
+            model = self.gpus[n.gpus[0]].model if n.gpus else None
+            out.append(Node(n.name, c, m, model, len(n.gpus)))
+        return out
 
     def launch(self, spec: LaunchSpec) -> Handle:
         key = (spec.job_id, spec.attempt)
+        launched_at = time.time()
         self._check(spec)
         with self._lock:
             if key in self._attempts:
@@ -123,12 +169,12 @@ class LocalRuntime:
             except OSError as e:
                 raise PlinthError(f"job {spec.job_id} attempt {spec.attempt}: {name}: "
                                   f"cannot create {d}: {e.strerror}") from None
-        port = _free_port()
+        envs = gang_env(spec, master_addr="127.0.0.1", master_port=_free_port())
         ordered = sorted(spec.workers, key=lambda w: w.rank)
         started: list[_Worker] = []
         try:
-            for local_rank, w in enumerate(ordered):
-                started.append(self._start(spec, w, local_rank, port))
+            for w in ordered:
+                started.append(self._start(spec, w, envs[w.rank]))
         except (OSError, PlinthError, subprocess.SubprocessError) as e:
             for wk in started:  # all or nothing
                 _killpg(wk.pid, signal.SIGKILL)
@@ -139,9 +185,11 @@ class LocalRuntime:
             raise PlinthError(f"job {spec.job_id} attempt {spec.attempt}: worker rank {rank} "
                               f"did not start: {e}") from None
         with self._lock:
-            self._attempts[key] = _Attempt(spec.job_id, spec.attempt, started)
+            self._attempts[key] = _Attempt(spec.job_id, spec.attempt, started,
+                                           spec.checkpoint_dir, launched_at)
         return Handle(spec.job_id, spec.attempt,
-                      tuple(ProcRef(w.pid, w.start_time, w.exit_file) for w in started))
+                      tuple(ProcRef(w.pid, w.start_time, w.exit_file) for w in started),
+                      spec.checkpoint_dir)
 
     def stop(self, job_id: int, attempt: int, grace_s: float) -> None:
         with self._lock:
@@ -155,10 +203,13 @@ class LocalRuntime:
             if key in self._attempts:
                 return True
         workers = [self._adopt_worker(rank, ref) for rank, ref in enumerate(handle.procs)]
-        att = _Attempt(handle.job_id, handle.attempt, workers)
+        started = min((ref.start_time for ref in handle.procs), default=0.0)
+        att = _Attempt(handle.job_id, handle.attempt, workers, handle.checkpoint_dir,
+                       started - ADOPTED_START_SLACK_S)
         att.ended = [w for w in workers if w.done]
         if all(w.done for w in workers):
-            self._emit([self._final(att)])
+            # A checkpoint saved while no runtime watched still comes before the end.
+            self._emit([*self._checkpoints([att], final=True), self._final(att)])
             return False
         for w in workers:
             if not w.done:
@@ -186,18 +237,21 @@ class LocalRuntime:
     # ----------------------------------------------------------------- extras
 
     def describe(self) -> str:
-        """One paragraph for `plinth nodes` and the startup banner."""
-        n = self.nodes()[0]
-        if self.gpus:
-            gpus = f"{len(self.gpus)}x{self.gpus[0].model}" + (" (fake)" if self.fake_gpus else "")
-            odd = [g.name for g in self.gpus if not g.exact]
-            if odd:
-                gpus += f"; {odd[0]!r} is not in the catalog, scheduled as {self.gpus[0].model}"
-        else:
-            gpus = "no GPUs"
+        """One paragraph for `plinth nodes` and the startup banner: a line per node, then how
+        workers are isolated and the problems met so far."""
+        lines = []
+        for n in self.nodes():
+            gs = [self.gpus[i] for i in self._nodes[n.name].gpus]
+            if gs:
+                gpus = f"{len(gs)}x{gs[0].model}" + (" (fake)" if self.fake_gpus else "")
+                odd = [g.name for g in gs if not g.exact]
+                if odd:
+                    gpus += f"; {odd[0]!r} is not in the catalog, scheduled as {gs[0].model}"
+            else:
+                gpus = "no GPUs"
+            lines.append(f"{n.name}: {n.cpus_milli / MILLI:g} CPUs, {n.memory_mib} MiB, {gpus}")
         iso = self.isolation + (f" ({self._limiter.reason})" if self._limiter.reason else "")
-        lines = [f"{self.node_name}: {n.cpus_milli // MILLI} CPUs, {n.memory_mib} MiB, {gpus}",
-                 f"isolation: {iso}", f"MPS: {self.mps.reason}"]
+        lines += [f"isolation: {iso}", f"MPS: {self.mps.reason}"]
         return "\n".join(lines + self.problems + self._limiter.problems + self.mps.problems)
 
     @property
@@ -224,11 +278,14 @@ class LocalRuntime:
             raise PlinthError(f"{where}: workers: ranks must be 0..{len(ranks) - 1}, got {ranks}")
         for w in spec.workers:
             at = f"{where}: workers[{w.rank}]"
-            if w.node != self.node_name:
-                raise PlinthError(f"{at}.node: {w.node!r} is not this node ({self.node_name!r})")
-            bad = [g for g in w.gpus if not 0 <= g < len(self.gpus)]
+            node = self._nodes.get(w.node)
+            if node is None:
+                names = ", ".join(map(repr, self._nodes))
+                raise PlinthError(f"{at}.node: {w.node!r} is not a node here ({names})")
+            bad = [g for g in w.gpus if not 0 <= g < len(node.gpus)]
             if bad:
-                raise PlinthError(f"{at}.gpus: no GPU {bad[0]} here ({len(self.gpus)} GPUs)")
+                raise PlinthError(f"{at}.gpus: no GPU {bad[0]} on {node.name} "
+                                  f"({len(node.gpus)} GPUs)")
             if not 0 < w.gpu_milli <= MILLI:
                 raise PlinthError(f"{at}.gpu_milli: must be in 1..1000, got {w.gpu_milli}")
             if w.gpu_milli < MILLI and len(w.gpus) != 1:
@@ -246,27 +303,20 @@ class LocalRuntime:
         if spec.workdir and not Path(spec.workdir).is_dir():
             raise PlinthError(f"{where}: workdir: {spec.workdir!r} is not a directory")
 
-    def _start(self, spec: LaunchSpec, w: WorkerLaunch, local_rank: int, port: int) -> _Worker:
+    def _start(self, spec: LaunchSpec, w: WorkerLaunch, gang: dict[str, str]) -> _Worker:
         name = f"j{spec.job_id}-a{spec.attempt}-r{w.rank}"
         exit_file = self.home / "exit" / f"{name}.exit"
         exit_file.unlink(missing_ok=True)  # a stale file would be read as this attempt's end
         env = {k: v for k, v in os.environ.items() if not k.startswith(_SCRUBBED_PREFIXES)}
         env["PYTHONUNBUFFERED"] = "1"  # so that `plinth logs -f` shows lines as they come
         env.update(spec.env)
-        n = len(spec.workers)
-        env.update({
-            "CUDA_VISIBLE_DEVICES": ",".join(map(str, w.gpus)),
-            "PLINTH_JOB_ID": str(spec.job_id), "PLINTH_ATTEMPT": str(spec.attempt),
-            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-            "RANK": str(w.rank), "WORLD_SIZE": str(n),
-            "LOCAL_RANK": str(local_rank), "LOCAL_WORLD_SIZE": str(n),
-        })
-        if spec.checkpoint_dir:
-            env["PLINTH_CHECKPOINT_DIR"] = spec.checkpoint_dir
+        env.update(gang)
+        gpus = tuple(self._nodes[w.node].gpus[g] for g in w.gpus)  # the machine's numbering
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
         wk = _Worker(w.rank, 0, 0.0, str(exit_file), own=True)
         try:
-            if w.gpus and w.gpu_milli < MILLI:
-                gpu = w.gpus[0]
+            if gpus and w.gpu_milli < MILLI:
+                gpu = gpus[0]
                 env.update(self.mps.acquire(gpu, (spec.job_id, spec.attempt, w.rank),
                                             w.gpu_milli, w.gpu_memory_mib))
                 env["CUDA_VISIBLE_DEVICES"] = self.mps.visible_device(gpu)
@@ -341,7 +391,7 @@ class LocalRuntime:
             self.problems[:] = [*self.problems[-19:], msg]
 
     def _tick(self) -> None:
-        events, finished = [], []
+        events, finished, watched, ending = [], [], [], []
         with self._lock:
             now = time.monotonic()
             for key, att in list(self._attempts.items()):
@@ -362,9 +412,73 @@ class LocalRuntime:
                 if all(wk.done for wk in att.workers):
                     del self._attempts[key]
                     events.append(self._final(att))
+                    ending.append(att)
+                else:
+                    watched.append(att)
         for job_id, attempt, wk in finished:  # may run `nvidia-cuda-mps-control`: not under lock
             self._release(job_id, attempt, wk)
-        self._emit(events)
+        # Looked at after the exits were reaped, so that a marker written before an exit is
+        # reported before it. Only this thread touches a watched attempt's marker state.
+        self._emit(self._checkpoints(watched) + self._checkpoints(ending, final=True) + events)
+
+    def _checkpoints(self, atts: list[_Attempt], *, final: bool = False) -> list[RuntimeEvent]:
+        """New markers of `atts`. `final`: the attempts have ended, so each marker is read even
+        if it looks unchanged: a last save could hide behind a reused inode and a coarse mtime."""
+        events = []
+        for att in atts:
+            if not att.checkpoint_dir:
+                continue
+            if final:
+                att.marker_seen = None
+            try:
+                ev = self._checkpoint(att)
+            except Exception as e:  # an attempt that just ended must still get its end event
+                log.exception("local runtime: checkpoint marker")
+                self._problem(f"job {att.job_id} attempt {att.attempt}: checkpoint marker: {e!r}")
+                continue
+            if ev is not None:
+                events.append(ev)
+        return events
+
+    def _checkpoint(self, att: _Attempt) -> RuntimeEvent | None:
+        """A CHECKPOINTED event if the attempt's marker is new and its own, else None."""
+        path = os.path.join(att.checkpoint_dir, CHECKPOINT_MARKER)  # type: ignore[arg-type]
+        where = f"job {att.job_id} attempt {att.attempt}: checkpoint marker {path}"
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            self._problem(f"{where}: cannot stat: {e.strerror}")
+            return None
+        seen = (st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_size)
+        if seen == att.marker_seen:
+            return None
+        att.marker_seen = seen
+        if st.st_size > MARKER_MAX_BYTES:
+            self._problem(f"{where}: {st.st_size} bytes, more than a marker's "
+                          f"{MARKER_MAX_BYTES}; ignored")
+            return None
+        try:
+            with open(path, "rb") as f:
+                raw = f.read(MARKER_MAX_BYTES + 1)
+        except OSError as e:  # replaced or removed since the stat: the next tick looks again
+            att.marker_seen = None
+            if not isinstance(e, FileNotFoundError):
+                self._problem(f"{where}: cannot read: {e.strerror}")
+            return None
+        try:
+            step, attempt, at = parse_marker(raw)
+        except ValueError as e:
+            self._problem(f"{where}: {e}; ignored")
+            return None
+        if attempt != att.attempt or at < att.launched_at:
+            return None  # left by an earlier attempt: not news
+        if (step, at) == att.marker_last:
+            return None  # the same save, seen again (the file was touched or copied)
+        att.marker_last = (step, at)
+        return RuntimeEvent(att.job_id, att.attempt, EventKind.CHECKPOINTED,
+                            message=f"checkpoint at step {step}", step=step, at=at)
 
     def _stop(self, att: _Attempt, grace_s: float, reason: str) -> None:
         att.reason = att.reason or reason
@@ -416,7 +530,13 @@ def _ended(wk: _Worker) -> bool:
         rc = os.waitstatus_to_exitcode(status)
         if wk.popen is not None:
             wk.popen.returncode = rc  # so that subprocess never waits on this pid again
-        wk.done, wk.code = True, _read_exit(wk.exit_file, 128 - rc if rc < 0 else rc)
+        # A shim killed by a signal we did not send (kill -9 from outside, the OOM killer) left
+        # no exit code: the worker is lost, as it would be if we had adopted it.
+        if rc >= 0:
+            fallback: int | None = rc
+        else:
+            fallback = 128 - rc if wk.killed else None
+        wk.done, wk.code = True, _read_exit(wk.exit_file, fallback)
         return True
     assert wk.proc is not None
     try:
@@ -426,6 +546,68 @@ def _ended(wk: _Worker) -> bool:
         pass
     wk.done, wk.code = True, _read_exit(wk.exit_file, 137 if wk.killed else None)
     return True
+
+
+def gang_env(spec: LaunchSpec, *, master_addr: str, master_port: int) -> dict[int, dict[str, str]]:
+    """The variables every runtime gives each worker of `spec`, by rank: the torch.distributed
+    rendezvous (MASTER_ADDR/PORT, RANK, WORLD_SIZE, and LOCAL_RANK/LOCAL_WORLD_SIZE among the
+    workers on the same node), which job and attempt it is, its checkpoint directory, and
+    CUDA_VISIBLE_DEVICES with its GPUs as its node numbers them (a runtime whose nodes share a
+    machine maps them to the machine's numbering)."""
+    out: dict[int, dict[str, str]] = {}
+    ordered = sorted(spec.workers, key=lambda w: w.rank)
+    for w in ordered:
+        peers = [o.rank for o in ordered if o.node == w.node]
+        env = {"PLINTH_JOB_ID": str(spec.job_id), "PLINTH_ATTEMPT": str(spec.attempt),
+               "MASTER_ADDR": master_addr, "MASTER_PORT": str(master_port),
+               "RANK": str(w.rank), "WORLD_SIZE": str(len(ordered)),
+               "LOCAL_RANK": str(peers.index(w.rank)), "LOCAL_WORLD_SIZE": str(len(peers)),
+               "CUDA_VISIBLE_DEVICES": ",".join(map(str, w.gpus))}
+        if spec.checkpoint_dir:
+            env["PLINTH_CHECKPOINT_DIR"] = spec.checkpoint_dir
+        out[w.rank] = env
+    return out
+
+
+def parse_marker(raw: bytes) -> tuple[int, int, float]:
+    """(step, attempt, time) of a checkpoint marker; ValueError saying what is wrong."""
+    try:
+        d = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise ValueError("not JSON") from None
+    if not isinstance(d, dict):
+        raise ValueError(f"expected a JSON object, got {type(d).__name__}")
+    step, attempt, at = d.get("step"), d.get("attempt"), d.get("time")
+    for name, v, types, what in (("step", step, (int,), "an integer"),
+                                 ("attempt", attempt, (int,), "an integer"),
+                                 ("time", at, (int, float), "a number")):
+        if not isinstance(v, types) or isinstance(v, bool):
+            raise ValueError(f"{name}: expected {what}, got {v!r}"[:200])
+    if step < 0 or attempt < 0:
+        raise ValueError(f"step and attempt must not be negative, got {step} and {attempt}")
+    if not math.isfinite(at):
+        raise ValueError(f"time: expected a finite number, got {at!r}")
+    return step, attempt, float(at)
+
+
+def _split_nodes(name: str, gpus: list[GpuInfo], *, fake: bool) -> dict[str, _LocalNode]:
+    """The whole machine as one node, or with fake GPUs of several models one node per model,
+    named after it (`localhost-a100`), in the order the models were given."""
+    models = list(dict.fromkeys(g.model for g in gpus))
+    if not fake or len(models) < 2:
+        return {name: _LocalNode(name, tuple(g.index for g in gpus))}
+    nodes = [_LocalNode(f"{name}-{m.lower()}", tuple(g.index for g in gpus if g.model == m))
+             for m in models]
+    return {n.name: n for n in nodes}
+
+
+def _shares(total: int, weights: list[int]) -> list[int]:
+    """`total` split in proportion to `weights` (equally when all are 0), summing to `total`."""
+    if not any(weights):
+        weights = [1] * len(weights)
+    shares = [total * w // sum(weights) for w in weights]
+    shares[0] += total - sum(shares)
+    return shares
 
 
 def _signal(wk: _Worker, sig: int) -> bool:

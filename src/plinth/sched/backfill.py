@@ -15,7 +15,9 @@ because best fit happened to pick a reserved GPU.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable, Sequence
+
+import numpy as np
 
 from plinth.core.resources import Allocation, Request, WorkerSlot
 from plinth.sched.placement import place
@@ -24,27 +26,44 @@ from plinth.sched.types import Decisions, JobState, Snapshot, Start
 
 GPU_ONLY = Request()  # book-keeping on `avoid` counts GPU share only
 
+Started = Sequence[tuple[JobState, Allocation]]
+
 
 def easy_backfill(snap: Snapshot, now: float, work: ClusterState, queue: Iterable[JobState],
-                  d: Decisions, reason: str, oracle: bool = False) -> None:
-    """Start what fits in `queue` order, with EASY backfill. Allocates on `work`."""
+                  d: Decisions, reason: str, oracle: bool = False, *,
+                  planned: Started = (), gone: Collection[int] = ()) -> None:
+    """Start what fits in `queue` order, with EASY backfill. Allocates on `work`.
+
+    `planned` are jobs this pass already started on `work` and `gone` the running jobs it
+    already preempted (a preemptive policy backfills after it has made room): the head's
+    reservation counts the first as running and the second as ended."""
     cfg = snap.config
+    pcfg, depth = cfg.placement, cfg.backfill_depth
+    waiting, starts = d.waiting, d.starts
     started: list[tuple[JobState, Allocation]] = []
     shadow, reserved = math.inf, frozenset()
     head: JobState | None = None
     avoid: ClusterState | None = None
+    full = False  # no GPU share left on `work`: nothing that needs a GPU can start
+    # Request shapes (by identity) that failed on `work` / on `avoid` in this pass. Neither
+    # state is released during backfill, so a failure stands, as the states' own memos say;
+    # these only save hashing the request for every job of a long queue.
+    failed_work: set[int] = set()
+    failed_avoid: set[int] = set()
     examined = 0
     behind = delays = backfilled = ""
     for js in queue:
         req = js.job.request
         if head is None:
-            alloc = place(work, req, cfg.placement)
+            alloc = place(work, req, pcfg)
             if alloc is None:
                 head = js
-                shadow, reserved = reservation(snap, now, work, js, started, oracle)
+                shadow, reserved = reservation(snap, now, work, js, [*planned, *started],
+                                               oracle, gone)
                 avoid = without_reserved(work, reserved)
+                full = work.free_milli == 0
                 when = "unknown" if math.isinf(shadow) else f"t={shadow:.0f}s"
-                d.waiting[js.id] = f"Resources: first in line, GPUs reserved from {when}"
+                waiting[js.id] = f"Resources: first in line, GPUs reserved from {when}"
                 behind = f"Resources: waiting behind job {js.id}"
                 delays = f"Priority: would delay the reservation of job {js.id}"
                 backfilled = f"{reason}: backfilled ahead of job {js.id}"
@@ -52,19 +71,29 @@ def easy_backfill(snap: Snapshot, now: float, work: ClusterState, queue: Iterabl
             why = reason
         else:
             examined += 1
-            if examined > cfg.backfill_depth or (work.free_milli == 0 and req.gpu_milli_total):
+            if examined > depth or (full and req.gpu_milli_total):
                 break
-            est = js.remaining if oracle else js.remaining_estimate
-            target = work if now + est <= shadow else avoid
-            alloc = place(target, req, cfg.placement)  # type: ignore[arg-type]
+            # The job's remaining estimate (JobState.remaining_estimate, or the true
+            # remaining time for an oracle), inlined: this runs for every examined job.
+            job = js.job
+            est = job.duration if oracle or job.time_limit is None else job.time_limit
+            est -= js.progress
+            on_work = now + (est if est > 0.0 else 0.0) <= shadow
+            failed = failed_work if on_work else failed_avoid
+            if id(req) in failed:
+                waiting[js.id] = behind if on_work else delays
+                continue
+            alloc = place(work if on_work else avoid, req, pcfg)  # type: ignore[arg-type]
             if alloc is None:
-                d.waiting[js.id] = behind if target is work else delays
+                failed.add(id(req))
+                waiting[js.id] = behind if on_work else delays
                 continue
             avoid.allocate(masked(alloc, reserved), GPU_ONLY)  # type: ignore[union-attr]
             why = backfilled
         work.allocate(alloc, req)
+        full = work.free_milli == 0
         started.append((js, alloc))
-        d.starts.append(Start(js.id, alloc, why))
+        starts.append(Start(js.id, alloc, why))
 
 
 def masked(alloc: Allocation, reserved: frozenset[int]) -> Allocation:
@@ -83,26 +112,52 @@ def without_reserved(work: ClusterState, reserved: frozenset[int]) -> ClusterSta
     return avoid
 
 
-def reservation(snap: Snapshot, now: float, work: ClusterState, head: JobState,
-                 started: list[tuple[JobState, Allocation]], oracle: bool
-                 ) -> tuple[float, frozenset[int]]:
-    """When and where `head` would start if the running jobs end as estimated."""
-    def end(js: JobState, just_started: bool) -> float:
-        rem = js.remaining if oracle else js.remaining_estimate
-        rate = 1.0 if just_started or js.rate <= 0 else js.rate
-        return now + rem / rate
+def expected_ends(now: float, jobs: Sequence[JobState], oracle: bool, fresh: bool = False
+                  ) -> np.ndarray:
+    """When each job is expected to end: now + remaining estimate / rate (the true remaining
+    time for an oracle). `fresh` jobs were just started and count at rate 1.
 
-    ends = [(end(js, False), js.id, js.allocation, js.job.request)
-            for js in snap.running.values() if js.allocation is not None]
-    ends += [(end(js, True), js.id, a, js.job.request) for js, a in started]
-    ends.sort(key=lambda e: (e[0], e[1]))
+    Vectorised, as the reservation needs every running job's end in every pass; the
+    arithmetic is the scalar formula's, element by element, so the times are the same."""
+    n = len(jobs)
+    if n == 0:
+        return np.empty(0)
+    progress = np.fromiter((js.progress for js in jobs), float, n)
+    if oracle:
+        total = np.fromiter((js.job.duration for js in jobs), float, n)
+    else:
+        total = np.fromiter((j.duration if j.time_limit is None else j.time_limit
+                             for j in (js.job for js in jobs)), float, n)
+    left = total - progress
+    left = np.where(left > 0.0, left, 0.0)  # max(0, ...), NaN-for-NaN as the scalar form
+    if fresh:
+        return now + left
+    rate = np.fromiter((js.rate for js in jobs), float, n)
+    return now + left / np.where(rate <= 0, 1.0, rate)
+
+
+def reservation(snap: Snapshot, now: float, work: ClusterState, head: JobState,
+                started: Started, oracle: bool, gone: Collection[int] = ()
+                ) -> tuple[float, frozenset[int]]:
+    """When and where `head` would start if the running jobs (less those in `gone`) and the
+    ones `started` in this pass end as estimated."""
+    running = [js for js in snap.running.values() if js.allocation is not None]
+    if gone:
+        running = [js for js in running if js.id not in gone]
+    fresh = [js for js, _ in started]
+    jobs = running + fresh
+    allocs = [js.allocation for js in running] + [a for _, a in started]
+    ends = np.concatenate((expected_ends(now, running, oracle),
+                           expected_ends(now, fresh, oracle, fresh=True)))
+    ids = np.fromiter((js.id for js in jobs), np.int64, len(jobs))
     scratch = work.copy()
-    need = head.job.request.gpu_milli_total
-    for t, _, alloc, req in ends:
-        scratch.release(alloc, req)
+    req = head.job.request
+    need, pcfg = req.gpu_milli_total, snap.config.placement
+    for i in np.lexsort((ids, ends)).tolist():  # by end time, then job id
+        scratch.release(allocs[i], jobs[i].job.request)  # type: ignore[arg-type]
         if scratch.free_milli < need:
             continue  # not enough GPU share free in total yet: skip the placement attempt
-        a = place(scratch, head.job.request, snap.config.placement)
+        a = place(scratch, req, pcfg)
         if a is not None:
-            return t, frozenset(g for s in a.slots for g in s.gpus)
+            return float(ends[i]), frozenset(g for s in a.slots for g in s.gpus)
     return math.inf, frozenset()

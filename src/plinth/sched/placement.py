@@ -14,6 +14,7 @@ Every function here is pure with respect to its inputs except where it says it a
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -44,7 +45,7 @@ def place(state: ClusterState, req: Request, cfg: PlacementConfig = DEFAULT_PLAC
     `models` narrows the GPU models to try, in order (a heterogeneity-aware policy passes the
     one it chose); by default the preferred model comes first, then the cluster's order.
     """
-    if state.known_unplaceable(req) and models is None:
+    if models is None and state.known_unplaceable(req):
         return None
     cluster = state.cluster
     if cfg.fractional == "fgd" and cfg.profile is not None and req.workers == 1:
@@ -56,19 +57,38 @@ def place(state: ClusterState, req: Request, cfg: PlacementConfig = DEFAULT_PLAC
     elif req.gpus == 0 and req.gpu_milli == 0:
         alloc = _place_cpu_only(state, req)
     else:
-        order = models if models is not None else _model_order(cluster, req)
         alloc = None
-        for m in order:
-            mid = cluster.models.index(m)
+        for mid in _model_ids(cluster, req, models):
             if req.fractional:
                 alloc = _place_fraction(state, req, mid, cfg)
             else:
-                alloc = _place_whole(state, req, mid)
+                fit = _whole_fit(state, req, mid)
+                if fit is not None:
+                    alloc = (_place_spread(state, req, mid) if fit == SPREAD
+                             else _whole_slots(state, req, [(fit, req.workers)]))
             if alloc is not None:
                 break
     if alloc is None and models is None:
         state.mark_unplaceable(req)
     return alloc
+
+
+def placeable(state: ClusterState, req: Request, cfg: PlacementConfig = DEFAULT_PLACEMENT
+              ) -> bool:
+    """Whether `place(state, req, cfg)` would find an allocation, without building it.
+
+    Victim searches ask this after every release; for whole-GPU gangs it is a count over the
+    bucket index instead of a placement (other shapes are placed and the result dropped)."""
+    if req.fractional or (req.gpus == 0 and req.gpu_milli == 0) or (
+            cfg.fractional == "fgd" and cfg.profile is not None and req.workers == 1):
+        return place(state, req, cfg) is not None
+    if state.known_unplaceable(req):
+        return False
+    for mid in _model_ids(state.cluster, req, None):
+        if _whole_fit(state, req, mid) is not None:
+            return True
+    state.mark_unplaceable(req)
+    return False
 
 
 def place_and_allocate(state: ClusterState, req: Request,
@@ -78,6 +98,67 @@ def place_and_allocate(state: ClusterState, req: Request,
     if alloc is not None:
         state.allocate(alloc, req)
     return alloc
+
+
+class FreedWhole:
+    """Whole GPUs that releasing some whole-GPU allocations would free on `state`, counted
+    without copying the state or releasing anything: enough to say whether a plain gang
+    (whole GPUs, no CPU or memory asked) would then fit, exactly as `placeable` on the state
+    with them released would say.
+
+    Victim searches release candidates one at a time and ask after each; counting instead of
+    releasing saves a state copy and a release per candidate. A GPU of a whole-GPU slot is
+    held by that job alone, so releasing it leaves it whole and free."""
+
+    __slots__ = ("_gain", "_model_gain", "state")
+
+    def __init__(self, state: ClusterState) -> None:
+        self.state = state
+        self._gain: dict[int, int] = {}  # node -> whole GPUs freed on it
+        self._model_gain = [0] * len(state.cluster.models)
+
+    @staticmethod
+    def countable(req: Request, cfg: PlacementConfig) -> bool:
+        """Whether `fits` answers for `req` (else ask `placeable` on a released copy)."""
+        return (req.gpus > 0 and not req.cpus_milli and not req.memory_mib
+                and not (cfg.fractional == "fgd" and cfg.profile is not None
+                         and req.workers == 1))
+
+    def add(self, alloc: Allocation) -> bool:
+        """Count `alloc` as released; False (and nothing counted) if it holds a GPU share."""
+        slots = alloc.slots
+        for slot in slots:
+            if slot.gpus and slot.milli != MILLI:
+                return False
+        models, gain, model_gain = self.state.cluster.node_model_list, self._gain, self._model_gain
+        for slot in slots:
+            if slot.gpus:
+                n, k = slot.node, len(slot.gpus)
+                gain[n] = gain.get(n, 0) + k
+                model_gain[models[n]] += k
+        return True
+
+    def fits(self, req: Request) -> bool:
+        """`placeable(state with the counted allocations released, req)`, for a countable
+        request (see `_whole_fit`: one node that holds it all, else spread)."""
+        state, g, need = self.state, req.gpus, req.gpus * req.workers
+        models, free = state.cluster.node_model_list, state.node_free_whole
+        for mid in _model_ids(state.cluster, req, None):
+            if int(state.free_whole_by_model[mid]) + self._model_gain[mid] < need:
+                continue
+            buckets = state.buckets[mid]
+            top = next((k for k in range(len(buckets) - 1, -1, -1) if buckets[k]), 0)
+            touched = [(int(free[n]), int(free[n]) + d) for n, d in self._gain.items()
+                       if models[n] == mid]
+            if max([top] + [after for _, after in touched]) >= need:
+                return True  # some node holds the whole gang
+            if req.workers == 1:
+                continue
+            room = sum((k // g) * len(buckets[k]) for k in range(g, len(buckets)))
+            room += sum(after // g - before // g for before, after in touched)
+            if room >= req.workers:
+                return True
+        return False
 
 
 def never_fits(cluster: Cluster, req: Request) -> str | None:
@@ -116,6 +197,15 @@ def _model_order(cluster: Cluster, req: Request) -> list[str]:
     return order
 
 
+def _model_ids(cluster: Cluster, req: Request, models: tuple[str, ...] | None
+               ) -> Iterable[int]:
+    """Indices into `cluster.models` to try, in order (see `place`)."""
+    if models is None and not req.gpu_models and req.preferred_gpu_model is None:
+        return range(len(cluster.models))  # the common request: every model, cluster order
+    order = models if models is not None else _model_order(cluster, req)
+    return [cluster.models.index(m) for m in order]
+
+
 def _free_whole_gpus(state: ClusterState, n: int, count: int) -> list[int]:
     first, size = state.cluster.node_gpu_range[n]
     row = state.gpu_free_milli[first:first + size].tolist()
@@ -132,46 +222,71 @@ def _whole_slots(state: ClusterState, req: Request, plan: list[tuple[int, int]])
     return Allocation(tuple(slots))
 
 
-def _place_whole(state: ClusterState, req: Request, mid: int) -> Allocation | None:
+SPREAD = -1  # `_whole_fit`: the gang fits only spread over several nodes
+
+
+def _whole_fit(state: ClusterState, req: Request, mid: int) -> int | None:
+    """How a whole-GPU gang fits on model `mid`: the node that holds it all (best fit: the
+    fewest free GPUs that still hold the gang, from the bucket index), SPREAD, or None."""
     need = req.gpus * req.workers
     if state.free_whole_by_model[mid] < need:
         return None
     buckets = state.buckets[mid]
     cpu, mem = req.cpus_milli * req.workers, req.memory_mib * req.workers
-    # Best fit on one node: the node with the fewest free GPUs that still holds the gang.
     for k in range(need, len(buckets)):
         for n in buckets[k]:
             if state.node_free_cpu[n] >= cpu and state.node_free_mem[n] >= mem:
-                return _whole_slots(state, req, [(n, req.workers)])
+                return n
     if req.workers == 1:
         return None
-    return _place_spread(state, req, mid)
+    if not req.cpus_milli and not req.memory_mib:
+        # Each node holds (free GPUs // GPUs per worker) workers: count them by bucket.
+        g = req.gpus
+        room = sum((k // g) * len(buckets[k]) for k in range(g, len(buckets)))
+    else:
+        room = int(_spread_capacity(state, req, state.model_nodes[mid][0]).sum())
+    return SPREAD if room >= req.workers else None
 
 
-def _place_spread(state: ClusterState, req: Request, mid: int) -> Allocation | None:
-    cluster = state.cluster
-    nodes = np.flatnonzero(cluster.node_model_id == mid)
+def _spread_capacity(state: ClusterState, req: Request, nodes: np.ndarray) -> np.ndarray:
+    """Workers of `req` each of `nodes` can hold now."""
     cap = state.node_free_whole[nodes] // req.gpus
     if req.cpus_milli:
         cap = np.minimum(cap, state.node_free_cpu[nodes] // req.cpus_milli)
     if req.memory_mib:
         cap = np.minimum(cap, state.node_free_mem[nodes] // req.memory_mib)
-    if cap.sum() < req.workers:
+    return cap
+
+
+def _place_spread(state: ClusterState, req: Request, mid: int) -> Allocation | None:
+    """The fewest nodes inside one rack (then the least spare room, then the first rack),
+    else the fewest nodes across racks; largest capacity first, ties by node index."""
+    nodes, racks = state.model_nodes[mid]
+    cap = _spread_capacity(state, req, nodes)
+    want = req.workers
+    if cap.sum() < want:
         return None
-    racks = cluster.node_rack_id[nodes]
     rack_cap = np.bincount(racks, weights=cap)
-    best = None  # (nodes needed, spare capacity, rack): fewest nodes, then best fit
-    for rack in np.flatnonzero(rack_cap >= req.workers):
-        caps = np.sort(cap[racks == rack])[::-1]
-        needed = int(np.searchsorted(np.cumsum(caps), req.workers)) + 1
-        key = (needed, rack_cap[rack] - req.workers, rack)
-        best = key if best is None or key < best else best
-    if best is not None:
-        keep = racks == best[2]
+    ok = rack_cap[racks] >= want
+    if ok.any():
+        # For every rack that can hold the gang at once (vectorised: one pass whatever the
+        # number of racks): sort its nodes by capacity, largest first, and count how many
+        # it takes to reach `want`.
+        r, c = racks[ok], cap[ok]
+        o = np.lexsort((-c, r))
+        r, c = r[o], c[o]
+        first = np.flatnonzero(np.r_[True, r[1:] != r[:-1]])
+        group = np.repeat(np.arange(first.size), np.diff(np.r_[first, r.size]))
+        cum = np.cumsum(c)
+        within = cum - (cum[first] - c[first])[group]
+        needed = np.bincount(group, weights=within < want) + 1
+        rack_ids = r[first]
+        best = rack_ids[np.lexsort((rack_ids, rack_cap[rack_ids] - want, needed))[0]]
+        keep = racks == best
         nodes, cap = nodes[keep], cap[keep]
     order = np.argsort(-cap, kind="stable")  # fewest nodes: largest capacity first
-    plan, left = [], req.workers
-    for i in order:
+    plan, left = [], want
+    for i in order.tolist():
         take = int(min(cap[i], left))
         if take <= 0:
             break

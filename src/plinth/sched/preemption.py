@@ -9,11 +9,13 @@ until the waiting job fits.
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Callable, Iterable
+import math
+from collections.abc import Callable, Iterable, Sequence
+
+import numpy as np
 
 from plinth.core.resources import Allocation, Request
-from plinth.sched.placement import PlacementConfig, place
+from plinth.sched.placement import FreedWhole, PlacementConfig, place, placeable
 from plinth.sched.state import ClusterState
 from plinth.sched.types import Decisions, JobState, Preempt, SchedConfig, Snapshot, Start
 
@@ -33,9 +35,13 @@ def can_preempt(js: JobState, now: float, cfg: SchedConfig) -> bool:
 def victim_order(importance: Callable[[JobState], object]) -> Callable[[JobState], tuple]:
     """Sort key: least important first, then least unsaved work, then newest checkpoint."""
     def key(js: JobState) -> tuple:
-        ckpt = js.checkpoint_time if js.checkpoint_time is not None else float("-inf")
-        return (importance(js), js.unsaved, -ckpt, js.id)
+        return _victim_key(importance(js), js)
     return key
+
+
+def _victim_key(importance: object, js: JobState) -> tuple:
+    ckpt = js.checkpoint_time if js.checkpoint_time is not None else float("-inf")
+    return (importance, js.unsaved, -ckpt, js.id)
 
 
 def find_victims(
@@ -50,39 +56,76 @@ def find_victims(
     released, and the allocation found. None if even all eligible candidates do not suffice.
     `work` itself is left unchanged."""
     pcfg = placement or cfg.placement
-    scratch = work.copy()
-    victims: list[JobState] = []
+    released = Released(work, req, pcfg)
     short = req.gpu_milli_total - work.free_milli  # GPU share still missing, free share counted
     for js in candidates:
         if js.allocation is None or not can_preempt(js, now, cfg):
             continue
-        scratch.release(js.allocation, js.job.request)
-        victims.append(js)
+        released.add(js)
         short -= js.allocation.gpu_milli_total
         if short > 0:
             continue  # cannot fit yet: skip the placement attempt
-        alloc = place(scratch, req, pcfg)
-        if alloc is not None:
-            return prune_victims(work, req, victims, alloc, pcfg)
+        if released.fits():
+            return prune_victims(work, req, released.jobs, pcfg)
     return None
 
 
-def prune_victims(work: ClusterState, req: Request, victims: list[JobState], alloc: Allocation,
-           pcfg: PlacementConfig) -> tuple[list[JobState], ClusterState, Allocation]:
-    """Drop victims that turned out unnecessary (most important first)."""
+def prune_victims(work: ClusterState, req: Request, victims: list[JobState],
+                  pcfg: PlacementConfig) -> tuple[list[JobState], ClusterState, Allocation]:
+    """Drop victims that turned out unnecessary (most important first; the last one found is
+    always needed). `req` must fit with all `victims` released. Returns the victims kept, the
+    state with them released, and where `req` goes there.
+
+    Trials only ask whether `req` fits without one more victim (`Released`); the final state
+    is built the way every search builds it (`work`, then releases in victim order) and placed
+    on once, so the allocation is the one a search over the kept victims finds."""
     keep = list(victims)
     for js in reversed(victims[:-1]):
-        trial = [v for v in keep if v is not js]
-        scratch = work.copy()
-        for v in trial:
-            scratch.release(v.allocation, v.job.request)  # type: ignore[arg-type]
-        a = place(scratch, req, pcfg)
-        if a is not None:
-            keep, alloc = trial, a
+        trial = Released(work, req, pcfg)
+        for v in keep:
+            if v is not js:
+                trial.add(v)
+        if trial.fits():
+            keep.remove(js)
     scratch = work.copy()
     for v in keep:
         scratch.release(v.allocation, v.job.request)  # type: ignore[arg-type]
+    alloc = place(scratch, req, pcfg)
+    if alloc is None:
+        raise AssertionError(f"prune_victims: {req} does not fit with victims "
+                             f"{[v.id for v in keep]} released")
     return keep, scratch, alloc
+
+
+class Released:
+    """`work` with some running jobs released, to ask whether `req` would then fit. The
+    releases are counted (`FreedWhole`) while the request and every allocation allow it, which
+    needs no state copy; otherwise they are made on a copy of `work`. `work` is unchanged."""
+
+    __slots__ = ("freed", "jobs", "pcfg", "req", "scratch", "work")
+
+    def __init__(self, work: ClusterState, req: Request, pcfg: PlacementConfig) -> None:
+        self.work, self.req, self.pcfg = work, req, pcfg
+        self.jobs: list[JobState] = []
+        self.freed = FreedWhole(work) if FreedWhole.countable(req, pcfg) else None
+        self.scratch = None if self.freed is not None else work.copy()
+
+    def add(self, js: JobState) -> None:
+        self.jobs.append(js)
+        if self.freed is not None:
+            if self.freed.add(js.allocation):  # type: ignore[arg-type]
+                return
+            self.freed = None  # a GPU share: count no more, release them all on a copy
+            self.scratch = self.work.copy()
+            for j in self.jobs:
+                self.scratch.release(j.allocation, j.job.request)  # type: ignore[arg-type]
+            return
+        self.scratch.release(js.allocation, js.job.request)  # type: ignore[union-attr]
+
+    def fits(self) -> bool:
+        if self.freed is not None:
+            return self.freed.fits(self.req)
+        return placeable(self.scratch, self.req, self.pcfg)  # type: ignore[arg-type]
 
 
 # Never ask to be woken sooner than this after `now`: float rounding in the owner's bookkeeping
@@ -91,12 +134,16 @@ MIN_WAKE = 1e-3
 
 
 class PreemptionPlan:
-    """One pass's plan: the scratch state after the starts and preemptions decided so far."""
+    """One pass's plan: the scratch state after the starts and preemptions decided so far.
+
+    `importance` maps the running jobs (a list) to an array of numbers, computed once per pass
+    and only if a preemption is tried: victims go least important first, and a job preempts
+    only jobs of importance below a bound (see `try_preempt`)."""
 
     def __init__(self, snap: Snapshot, now: float, d: Decisions, *, depth: int,
-                 importance: Callable[[JobState], object], whom: str) -> None:
+                 importance: Callable[[Sequence[JobState]], np.ndarray], whom: str) -> None:
         self.snap, self.now, self.d = snap, now, d
-        self.importance = importance  # victims go least important first
+        self.importance = importance
         self.whom = whom  # who may be preempted, for the reasons shown to users
         self.cfg = snap.config
         self.work = snap.state.copy()
@@ -105,7 +152,8 @@ class PreemptionPlan:
         self.tries_left = depth
         self.wake: float | None = None
         self._failed: dict[tuple[Request, object], str] = {}
-        self._ranked: list[JobState] | None = None
+        self._running: list[JobState] | None = None
+        self._levels: np.ndarray | None = None
         self._prefixes: dict[object, list[JobState]] = {}
         self._preemptible: dict[int, bool] = {}  # can_preempt, once per job per pass
 
@@ -117,37 +165,30 @@ class PreemptionPlan:
         self._start(js, alloc, reason)
         return True
 
-    def try_preempt(self, js: JobState, may_preempt: Callable[[JobState], bool],
+    def try_preempt(self, js: JobState, below: float,
                     start_reason: Callable[[list[JobState]], str],
-                    victim_reason: Callable[[JobState], str], key: object) -> str | None:
-        """Start `js` by preempting running jobs that `may_preempt` allows, least important
+                    victim_reason: Callable[[JobState], str]) -> str | None:
+        """Start `js` by preempting running jobs of importance below `below`, least important
         first. Returns None when it worked, else why not, in words for the user.
 
-        `may_preempt` must hold for a prefix of the running jobs ranked by `importance` (true
-        when both compare the same thing), so the scan stops at the first job it rejects.
-        `key` names that prefix (the job's priority or queue): a request shape that failed
-        against a key fails again for the rest of the pass, since starts only take resources
-        and victims only leave the candidates, until a preemption frees more than it uses."""
+        A request shape that failed against a bound fails again for the rest of the pass,
+        since starts only take resources and victims only leave the candidates, until a
+        preemption frees more than it uses."""
         req = js.job.request
-        if (req, key) in self._failed:
-            return self._failed[req, key]
+        if (req, below) in self._failed:
+            return self._failed[req, below]
         if self.tries_left <= 0:
             return "preemption deferred to a later pass (per-pass limit reached)"
-        prefix = self._prefixes.get(key)
-        if prefix is None:  # the ranked prefix `may_preempt` allows, once per key per pass
-            prefix = []
-            for c in self._ranked_running():
-                if not may_preempt(c):
-                    break
-                prefix.append(c)
-            self._prefixes[key] = prefix
+        prefix = self._prefixes.get(below)
+        if prefix is None:
+            prefix = self._prefixes[below] = self._ranked_below(below)
         cands = [c for c in prefix if c.id not in self.victims]
         if not cands:
             return f"no {self.whom} is running"
         self.tries_left -= 1
         victims, alloc, why = self._search(req, cands)
         if alloc is None:
-            self._failed[req, key] = why
+            self._failed[req, below] = why
             return why
         self._failed.clear()
         for v in victims:
@@ -157,15 +198,13 @@ class PreemptionPlan:
         self._start(js, alloc, start_reason(victims))
         return None
 
-    def backfill_view(self) -> Snapshot:
-        """The snapshot as EASY backfill must see it after this pass's decisions: victims are
-        gone and the jobs started so far hold their GPUs (they count when it works out when
-        the head's reservation begins)."""
-        running = {i: js for i, js in self.snap.running.items() if i not in self.victims}
-        for js, alloc in self.started:
-            running[js.id] = dataclasses.replace(js, allocation=alloc, start_time=self.now,
-                                                 rate=0.0)
-        return dataclasses.replace(self.snap, running=running)
+    def lowest(self) -> float | None:
+        """The least importance among running jobs not preempted in this pass, or None."""
+        running, levels = self._ranking()
+        if self.victims:
+            keep = np.fromiter((js.id not in self.victims for js in running), bool, len(running))
+            levels = levels[keep]
+        return levels.min().item() if levels.size else None
 
     def wake_at(self, *times: float | None) -> float | None:
         """The earliest of `times` and this plan's own wake time, never before now + MIN_WAKE."""
@@ -173,12 +212,30 @@ class PreemptionPlan:
         return max(min(known), self.now + MIN_WAKE) if known else None
 
     # -- internals -------------------------------------------------------------------------
-    def _ranked_running(self) -> list[JobState]:
-        """Running jobs, least important first; sorted once per pass, and only if needed."""
-        if self._ranked is None:
-            self._ranked = sorted(self.snap.running.values(),
-                                  key=victim_order(self.importance))
-        return self._ranked
+    def _ranking(self) -> tuple[list[JobState], np.ndarray]:
+        """The running jobs and their importance, once per pass and only when needed."""
+        if self._running is None or self._levels is None:
+            self._running = list(self.snap.running.values())
+            self._levels = np.asarray(self.importance(self._running))
+        return self._running, self._levels
+
+    def _ranked_below(self, below: float) -> list[JobState]:
+        """Running jobs of importance below `below` in victim order: least important first,
+        then least unsaved work, then the newest checkpoint (see `victim_order`). Only these
+        are sorted, so a pass that finds none pays one vectorised comparison."""
+        running, levels = self._ranking()
+        idx = np.flatnonzero(levels < below)
+        jobs = [running[i] for i in idx.tolist()]
+        n = len(jobs)
+        if n <= 1:
+            return jobs
+        # `_victim_key` as arrays, sorted at once (lexsort: the last key is the first).
+        unsaved = np.fromiter((js.progress - js.checkpointed for js in jobs), float, n)
+        ckpt = np.fromiter((-math.inf if js.checkpoint_time is None else js.checkpoint_time
+                            for js in jobs), float, n)
+        ids = np.fromiter((js.id for js in jobs), np.int64, n)
+        order = np.lexsort((ids, -ckpt, unsaved, levels[idx]))
+        return [jobs[i] for i in order.tolist()]
 
     def _start(self, js: JobState, alloc: Allocation, reason: str) -> None:
         self.work.allocate(alloc, js.job.request)
@@ -208,22 +265,22 @@ class PreemptionPlan:
                 eligible.append(c)
             elif c.job.preemptible and c.preemptions < cfg.max_preemptions:
                 protected.append(c)
+        order = eligible + protected
+        milli = [c.job.request.gpu_milli_total for c in order]
         short = req.gpu_milli_total - work.free_milli
-        if short > sum(c.job.request.gpu_milli_total for c in eligible + protected):
+        if short > sum(milli):
             return [], None, nothing  # the common case in a busy cluster: no copy needed
-        scratch = work.copy()
-        released: list[JobState] = []
-        for c in eligible + protected:
-            scratch.release(c.allocation, c.job.request)  # type: ignore[arg-type]
-            released.append(c)
-            short -= c.job.request.gpu_milli_total
+        scratch = Released(work, req, cfg.placement)
+        released = scratch.jobs
+        for c, m in zip(order, milli):
+            scratch.add(c)
+            short -= m
             if short > 0:
                 continue  # not enough GPU share in total yet: skip the placement attempt
-            alloc = place(scratch, req, cfg.placement)
-            if alloc is None:
+            if not scratch.fits():
                 continue
             if len(released) <= len(eligible):
-                victims, _, alloc = prune_victims(work, req, released, alloc, cfg.placement)
+                victims, _, alloc = prune_victims(work, req, released, cfg.placement)
                 return victims, alloc, ""
             until = min((p.start_time if p.start_time is not None else now)
                         + guaranteed_runtime(p, cfg) for p in released[len(eligible):])

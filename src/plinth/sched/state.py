@@ -13,6 +13,7 @@ from plinth.core.resources import MILLI, Allocation, Cluster, Request
 
 class ClusterState:
     __slots__ = (
+        "_capacity",
         "_failed",
         "_gpu_mem_cap",
         "buckets",
@@ -20,6 +21,7 @@ class ClusterState:
         "free_whole_by_model",
         "gpu_free_mem",
         "gpu_free_milli",
+        "model_nodes",
         "node_free_cpu",
         "node_free_mem",
         "node_free_whole",
@@ -35,6 +37,7 @@ class ClusterState:
              for n in cluster.nodes]
         )
         self._gpu_mem_cap = cap
+        self._capacity = g * MILLI  # free_milli is read in every hot loop: keep it one subtraction
         self.gpu_free_mem = cap.copy()
         self.node_free_cpu = np.array([n.cpus_milli for n in cluster.nodes], dtype=np.int64)
         self.node_free_mem = np.array([n.memory_mib for n in cluster.nodes], dtype=np.int64)
@@ -53,11 +56,19 @@ class ClusterState:
         # harder as resources are allocated, so a shape that failed stays failed.
         self._failed: set[Request] = set()
         self.used_milli = 0  # GPU share allocated, in milli-GPUs, kept by allocate/release
+        # Per GPU model: its nodes' indices and their rack ids, in node order. They never
+        # change, so copies share them (spread placement reads them on every try).
+        self.model_nodes: list[tuple[np.ndarray, np.ndarray]] = []
+        for m in range(nm):
+            nodes = np.flatnonzero(cluster.node_model_id == m)
+            self.model_nodes.append((nodes, cluster.node_rack_id[nodes]))
 
     def copy(self) -> ClusterState:
         new = object.__new__(ClusterState)
         new.cluster = self.cluster
         new._gpu_mem_cap = self._gpu_mem_cap
+        new._capacity = self._capacity
+        new.model_nodes = self.model_nodes
         for name in ("gpu_free_milli", "gpu_free_mem", "node_free_cpu", "node_free_mem",
                      "node_free_whole", "free_whole_by_model"):
             setattr(new, name, getattr(self, name).copy())
@@ -69,11 +80,11 @@ class ClusterState:
     # -- queries ---------------------------------------------------------------------------
     @property
     def capacity_milli(self) -> int:
-        return self.gpu_free_milli.size * MILLI
+        return self._capacity
 
     @property
     def free_milli(self) -> int:
-        return self.capacity_milli - self.used_milli
+        return self._capacity - self.used_milli
 
     @property
     def allocated_gpus(self) -> float:
@@ -81,7 +92,8 @@ class ClusterState:
         return self.used_milli / MILLI
 
     def known_unplaceable(self, req: Request) -> bool:
-        return req in self._failed
+        # An empty memo (just after a release) answers without hashing the request.
+        return bool(self._failed) and req in self._failed
 
     def mark_unplaceable(self, req: Request) -> None:
         self._failed.add(req)

@@ -2,35 +2,26 @@
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from plinth.core.resources import Allocation, Cluster
+from plinth.core.throughput import DEFAULT_THROUGHPUTS, Throughputs
 from plinth.core.workload import Job
+from plinth.sched.lifecycle import State
 from plinth.sched.placement import DEFAULT_PLACEMENT, PlacementConfig
 from plinth.sched.state import ClusterState
 
 
-class JobStatus(enum.Enum):
-    PENDING = "pending"
-    RUNNING = "running"
-    COMPLETED = "completed"
-    REJECTED = "rejected"
-    CANCELLED = "cancelled"
-
-    @property
-    def terminal(self) -> bool:
-        return self in (JobStatus.COMPLETED, JobStatus.REJECTED, JobStatus.CANCELLED)
-
-
 @dataclass(slots=True, eq=False)  # identity equality: queues remove by identity
 class JobState:
-    """A job's scheduling state. Its owner (the simulator or the control plane) keeps
-    `progress` and `attained` current before each scheduling pass."""
+    """A job's scheduling state. Its owner (`plinth.sched.owner.Owner`) keeps `progress` and
+    `attained` current before each scheduling pass. `status` is the job's lifecycle state; a
+    job being stopped to be requeued (STOPPING) is already back in the pending queue, as the
+    scheduler planned it."""
 
     job: Job
-    status: JobStatus = JobStatus.PENDING
+    status: State = State.PENDING
     allocation: Allocation | None = None
     start_time: float | None = None  # start of the current run
     first_start: float | None = None
@@ -38,6 +29,8 @@ class JobState:
     progress: float = 0.0  # work done, in seconds at reference speed
     checkpointed: float = 0.0  # progress saved by the last checkpoint
     checkpoint_time: float | None = None  # when that checkpoint was written
+    checkpoint_step: int | None = None  # the step the job reported for it (platform jobs)
+    attempt: int = 0  # runs launched so far
     attained: float = 0.0  # GPU-seconds of service received (Tiresias)
     executed: float = 0.0  # wall seconds spent running, all runs together
     rate: float = 0.0  # progress per second in the current run
@@ -80,6 +73,7 @@ class SchedConfig:
     restore_overhead: float = 30.0  # seconds to restart from a checkpoint (simulator)
     checkpoint_interval: float = 600.0  # seconds of progress between checkpoints (simulator)
     round_s: float = 360.0  # lease length for round-based policies (Gavel, Themis)
+    throughputs: Throughputs = DEFAULT_THROUGHPUTS  # job type x GPU model speeds
 
 
 @dataclass(slots=True)

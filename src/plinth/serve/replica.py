@@ -16,23 +16,28 @@ import torch
 from fastapi import FastAPI, HTTPException
 from pydantic import BaseModel
 
+from plinth.serve.spec import MODELS
+
 SIDE = 28
 
 
+def tiny_cnn() -> torch.nn.Module:
+    return torch.nn.Sequential(
+        torch.nn.Unflatten(1, (1, SIDE, SIDE)),
+        torch.nn.Conv2d(1, 16, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+        torch.nn.Conv2d(16, 32, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+        torch.nn.Flatten(), torch.nn.Linear(32 * 7 * 7, 10))
+
+
+def mlp() -> torch.nn.Module:
+    return torch.nn.Sequential(torch.nn.Linear(SIDE * SIDE, 256), torch.nn.ReLU(),
+                               torch.nn.Linear(256, 10))
+
+
 def build_model(name: str) -> torch.nn.Module:
+    """The model `name` (see plinth.serve.spec.MODELS), with seeded weights."""
     torch.manual_seed(0)
-    if name == "tiny-cnn":
-        net = torch.nn.Sequential(
-            torch.nn.Unflatten(1, (1, SIDE, SIDE)),
-            torch.nn.Conv2d(1, 16, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
-            torch.nn.Conv2d(16, 32, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
-            torch.nn.Flatten(), torch.nn.Linear(32 * 7 * 7, 10))
-    elif name == "mlp":
-        net = torch.nn.Sequential(torch.nn.Linear(SIDE * SIDE, 256), torch.nn.ReLU(),
-                                  torch.nn.Linear(256, 10))
-    else:
-        raise ValueError(f"unknown model {name!r}")
-    return net.eval()
+    return MODELS.make(name).eval()
 
 
 class InferRequest(BaseModel):

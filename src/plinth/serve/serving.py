@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -27,17 +26,12 @@ import numpy as np
 import uvicorn
 
 from plinth.core.errors import PlinthError
+from plinth.core.net import free_port
 from plinth.serve.controller import Controller
 from plinth.serve.policies import make_policy
 from plinth.serve.router import Router
 from plinth.serve.spec import ServiceSpec
 from plinth.serve.types import Decision, Snapshot
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass(slots=True)

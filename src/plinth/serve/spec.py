@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+from collections.abc import Callable
+from typing import Any, ClassVar, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from plinth.core.errors import SpecError
+from plinth.core.registry import Registry
+from plinth.serve.policies import POLICIES
 
-MODELS = ("tiny-cnn", "mlp")
+# The models a replica serves (plinth.serve.replica builds them; torch is imported on first use).
+MODELS: Registry[Callable[[], Any]] = Registry("model")  # -> a torch.nn.Module
+MODELS.add("tiny-cnn", "plinth.serve.replica:tiny_cnn")
+MODELS.add("mlp", "plinth.serve.replica:mlp")
 
 
 class RouterSpec(BaseModel):
@@ -29,22 +33,35 @@ class JobSpec(BaseModel):
     service_ms: float = Field(gt=0, description="mean service time of one request on a replica")
     replicas: int = Field(1, ge=1)
 
+    @field_validator("model")
+    @classmethod
+    def _known(cls, v: str) -> str:
+        return MODELS.check(v)
+
     @model_validator(mode="after")
     def _check(self) -> JobSpec:
-        if self.model not in MODELS:
-            raise ValueError(f"model {self.model!r} is not one of {', '.join(MODELS)}")
         if self.slo_ms <= self.service_ms:
             raise ValueError(f"slo_ms {self.slo_ms:g} must be above service_ms {self.service_ms:g}")
         return self
 
 
 class ServiceSpec(BaseModel):
+    """Read it with `plinth.core.spec.load_spec(path, kind="Service")`."""
+
     model_config = ConfigDict(extra="forbid")
+    run_with: ClassVar[str] = "plinth serve up FILE"
+
+    kind: Literal["Service"] = "Service"
     quota: int = Field(ge=1, description="replicas in all (1 CPU each)")
     policy: str = "aiad"
     tick_s: float = Field(10.0, gt=0)
     router: RouterSpec = RouterSpec()
     jobs: list[JobSpec] = Field(min_length=1)
+
+    @field_validator("policy")
+    @classmethod
+    def _known(cls, v: str) -> str:
+        return POLICIES.check(v, field="")
 
     @model_validator(mode="after")
     def _check(self) -> ServiceSpec:
@@ -57,25 +74,3 @@ class ServiceSpec(BaseModel):
         if sum(j.replicas for j in self.jobs) > self.quota:
             raise ValueError("the jobs' initial replicas exceed the quota")
         return self
-
-
-def parse_service(doc: object, where: str = "service") -> ServiceSpec:
-    try:
-        return ServiceSpec.model_validate(doc)
-    except ValidationError as e:
-        err = e.errors()[0]
-        loc = ".".join(str(x) for x in err["loc"]) or "(top level)"
-        msg = err["msg"].removeprefix("Value error, ")
-        if err["type"] == "value_error":  # our own checks already name the values
-            raise SpecError(f"{where}: field {loc}: {msg}") from None
-        raise SpecError(f"{where}: field {loc}: {msg} (got {err.get('input')!r})") from None
-
-
-def load_service(path: str | Path) -> ServiceSpec:
-    try:
-        doc = yaml.safe_load(Path(path).read_text())
-    except OSError as e:
-        raise SpecError(f"{path}: cannot read: {e.strerror}") from None
-    except yaml.YAMLError:
-        raise SpecError(f"{path}: bad YAML") from None
-    return parse_service(doc, str(path))

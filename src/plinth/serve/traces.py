@@ -21,9 +21,9 @@ from datetime import datetime
 from pathlib import Path
 
 import numpy as np
-import yaml
 
 from plinth.core.errors import SpecError, TraceError
+from plinth.core.spec import read_yaml
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,13 +187,7 @@ def load_trace(path: str | Path) -> CountTrace:
 def load_service_time(path: str | Path) -> ServiceTime:
     """Load a service-time fit (YAML). Errors name the file and the field."""
     p = str(path)
-    try:
-        doc = yaml.safe_load(Path(path).read_text())
-    except OSError as e:
-        raise TraceError(p, 0, f"cannot read: {e.strerror}") from None
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        raise TraceError(p, (mark.line + 1) if mark else 0, "bad YAML") from None
+    doc = read_yaml(path, "service-time fit")
     if not isinstance(doc, dict) or "type" not in doc:
         raise SpecError(f"{p}: field 'type' is required (lognorm or constant)")
     params = doc.get("params") or {}

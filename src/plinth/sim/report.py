@@ -14,6 +14,7 @@ from plinth.sim.metrics import jct_values
 
 COLUMNS = [  # (key, header, format)
     ("policy", "policy", "{}"),
+    ("rounds", "rounds", "{}"),
     ("jobs", "jobs", "{:,}"),
     ("avg_jct_s", "avg JCT (h)", "h"),
     ("p50_jct_s", "p50 JCT (h)", "h"),

@@ -28,7 +28,7 @@ from plinth.fl.admm.kirkman import kirkman_triple_system
 from plinth.fl.admm.loopback import PeerSecurity, run_sites, site_loop, token_of
 from plinth.fl.app import AdmmSpec, AppSpec, load_app
 from plinth.fl.messages import NDArrays
-from plinth.fl.transport.grpc import _read, load_tokens
+from plinth.fl.transport.grpc import load_tokens, read_pem
 from plinth.fl.transport.peer import PeerExchange
 
 
@@ -93,7 +93,7 @@ def security(spec: AppSpec, sites: int) -> PeerSecurity | None:
     tls = t.tls
     if tokens is None and tls is None:
         return None
-    pem = {k: _read(spec.resolve(getattr(tls, k)), f"transport.tls.{k}") if tls else None
+    pem = {k: read_pem(spec.resolve(getattr(tls, k)), f"transport.tls.{k}") if tls else None
            for k in ("cert", "key", "ca")}
     return PeerSecurity(tokens, None, pem["cert"], pem["key"], pem["ca"])
 

@@ -57,7 +57,7 @@ def tree_problem(spec: Any) -> str | None:
     agg = spec.server.aggregation
     if agg.mode != "tree":
         return None
-    cls = STRATEGIES[spec.strategy.name]
+    cls = STRATEGIES.get(spec.strategy.name)
     if cls.asynchronous or cls.accept is not Strategy.accept:
         return (f"server.aggregation.mode: tree needs a synchronous strategy that folds updates "
                 f"in batches, not {spec.strategy.name!r}")

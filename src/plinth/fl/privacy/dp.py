@@ -24,12 +24,15 @@ import copy
 import logging
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 import dp_accounting
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
+
+from plinth.core.registry import Registry
 
 log = logging.getLogger("plinth.fl.privacy.dp")
 
@@ -212,12 +215,10 @@ def round_event(
     return dp_accounting.SelfComposedDpEvent(ev, count)
 
 
-def _fresh(kind: str) -> dp_accounting.PrivacyAccountant:
-    if kind == "rdp":
-        return dp_accounting.rdp.RdpAccountant()
-    if kind == "pld":
-        return dp_accounting.pld.PLDAccountant(value_discretization_interval=1e-3)
-    raise ValueError(f"accountant kind must be 'rdp' or 'pld', got {kind!r}")
+# `PrivacyAccountant(kind=...)`: the dp_accounting accountant that composes the rounds.
+ACCOUNTANTS: Registry[Callable[[], dp_accounting.PrivacyAccountant]] = Registry("accountant")
+ACCOUNTANTS.add("rdp", "dp_accounting.rdp:RdpAccountant")
+ACCOUNTANTS.add("pld", "dp_accounting.pld:PLDAccountant", value_discretization_interval=1e-3)
 
 
 @dataclass(slots=True)
@@ -234,7 +235,7 @@ class PrivacyAccountant:
     _acc: dp_accounting.PrivacyAccountant | None = None
 
     def __post_init__(self) -> None:
-        self._acc = _fresh(self.kind)
+        self._acc = ACCOUNTANTS.make(self.kind)
         if not 0 < self.delta < 1:
             raise ValueError(f"delta must be in (0, 1), got {self.delta}")
 

@@ -108,7 +108,8 @@ def token_owner(tokens: dict[str, str], context: grpc.ServicerContext) -> str | 
     return None
 
 
-def _read(path: str | None, what: str) -> bytes | None:
+def read_pem(path: str | None, what: str) -> bytes | None:
+    """The bytes of a TLS file named by the app spec's field `what` (None: not set)."""
     if path is None:
         return None
     try:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from plinth.core.errors import SpecError
+from plinth.core.registry import Registry
 from plinth.place.algorithms.common import Devices, Placement
 from plinth.place.algorithms.m_etf import m_etf
 from plinth.place.algorithms.m_sct import m_sct
@@ -14,15 +14,14 @@ from plinth.place.graph import OpGraph
 
 Placer = Callable[[OpGraph, Devices, CommModel], Placement]
 
-PLACERS: dict[str, Placer] = {"m-topo": m_topo, "m-etf": m_etf, "m-sct": m_sct}
+PLACERS: Registry[Placer] = Registry("algorithm", field="--algo")
+PLACERS.add("m-topo", m_topo)
+PLACERS.add("m-etf", m_etf)
+PLACERS.add("m-sct", m_sct)
 
 
 def placer(name: str) -> Placer:
-    try:
-        return PLACERS[name.lower()]
-    except KeyError:
-        raise SpecError(f"--algo: unknown algorithm {name!r}; choose one of: "
-                        f"{', '.join(PLACERS)}") from None
+    return PLACERS.get(name)
 
 
 __all__ = ["PLACERS", "Devices", "Placement", "m_etf", "m_sct", "m_topo", "placer"]

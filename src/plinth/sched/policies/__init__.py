@@ -2,30 +2,19 @@
 
 from __future__ import annotations
 
-import importlib
-
-from plinth.core.errors import SpecError
+from plinth.core.registry import Registry
 from plinth.sched.policies.base import Policy
 
-# name -> "module:Class". Modules are imported on first use.
-POLICIES: dict[str, str] = {
-    "fifo": "plinth.sched.policies.fifo:Fifo",
-    "sjf": "plinth.sched.policies.sjf:Sjf",
-    "priority": "plinth.sched.policies.priority:StrictPriority",
-    "drf": "plinth.sched.policies.drf:FairShare",
-    "tiresias": "plinth.sched.policies.tiresias:Tiresias",
-    "gavel": "plinth.sched.policies.gavel:Gavel",
-    "themis": "plinth.sched.policies.themis:Themis",
-}
+# name -> module:class in this package, imported on first use.
+POLICIES: Registry[type[Policy]] = Registry("policy")
+for _name, _target in (("fifo", "fifo:Fifo"), ("sjf", "sjf:Sjf"),
+                       ("priority", "priority:StrictPriority"), ("drf", "drf:FairShare"),
+                       ("tiresias", "tiresias:Tiresias"), ("gavel", "gavel:Gavel"),
+                       ("themis", "themis:Themis")):
+    POLICIES.add(_name, f"{__name__}.{_target}")
 
-
-def make_policy(name: str, **options: object) -> Policy:
-    """Build a policy by name; an unknown name is a one-line error listing the known ones."""
-    target = POLICIES.get(name.strip().lower())
-    if target is None:
-        raise SpecError(f"unknown policy {name!r}; choose one of: {', '.join(POLICIES)}")
-    module, cls = target.split(":")
-    return getattr(importlib.import_module(module), cls)(**options)
+# Build a policy by name and options; an unknown name is a one-line error listing the known ones.
+make_policy = POLICIES.make
 
 
 __all__ = ["POLICIES", "Policy", "make_policy"]

@@ -16,6 +16,9 @@ class Policy:
 
     name = "base"
     preemptive = False  # may return Preempt decisions
+    # What the runtime must be able to do for this policy ("checkpoint": stop a job so that it
+    # saves first; "relaunch": start a moved job's next attempt on other GPUs).
+    requires: frozenset[str] = frozenset()
 
     def order(self, js: JobState) -> tuple:
         return (js.job.submit_time, js.job.id)

@@ -5,22 +5,31 @@ Two layers, as in the paper:
 
 1. An allocation. For the active jobs, `plinth.sched.lp.max_min_fairness` picks time fractions
    X[j, m] on each GPU model m that maximise the smallest normalised throughput (throughput over
-   what the job would get from an equal 1/N share of the cluster). Throughputs come from
-   `plinth.core.throughput.speed`. The LP is solved again only when the set of active jobs
-   has changed, and then at the next round boundary (at most once per round).
+   what the job would get from an equal 1/N share of the cluster). Throughputs come from the
+   snapshot's `config.throughputs` (`plinth.core.throughput.Throughputs`). The LP is solved
+   again only when the active jobs have changed, and then at the next round boundary (at most
+   once per round).
 2. A round-based mechanism that realises X over time. At each round boundary (every
-   `config.round_s`, 6 minutes by default) every (job, model) pair gets priority
-   X[j, m] / (share of its active time the job has run on m so far); a pair never run gets
-   infinite priority. Pairs are granted greedily by priority while the model has GPUs left.
-   Jobs that keep their model keep their GPUs (no migration); jobs granted another model are
-   moved (`Resize`); running jobs granted nothing are preempted, unless their GPUs stay idle
+   `config.round_s`, 6 minutes by default, Gavel's `time_per_iteration`) every (job, model) pair
+   gets priority X[j, m] / (share of its active time the job has run on m so far); a pair never
+   run gets infinite priority. Pairs are granted greedily by priority while the model has GPUs
+   left. Jobs that keep their model keep their GPUs (no migration); jobs granted another model
+   are moved (`Resize`); running jobs granted nothing are preempted, unless their GPUs stay idle
    anyway, in which case they keep running. Between boundaries, passes only start waiting jobs
-   on free GPUs; nobody is moved or preempted before the round ends.
+   on free GPUs; nobody is moved or preempted before the round ends. With `round_s = 0`
+   ("rounds off") every pass is a boundary: the allocation and the leases are recomputed at
+   every event (an arrival, a completion) and nothing waits for a round to end.
 
 Choices and simplifications, each for a reason:
 
 - The active set is the `max_jobs` oldest jobs (running and pending, by submit time), so the LP
   stays small on large queues. Later jobs wait with "outside Gavel's active window".
+- Jobs of one class (same job type, gang size and allowed models) are interchangeable in the
+  LP, which is solved over classes (see `plinth.sched.lp`): every member gets the class's
+  allocation, and the LP only changes when the number of active jobs in some class does. A job
+  that joins an existing class between solves takes that class's allocation; a job of a new
+  class takes an even split over the models it can use until the next solve, which with its
+  infinite priority (never run) puts it first, fastest model first.
 - Scale factors: a gang counts as `request.num_gpus` GPUs, fractional shares as their fraction.
   The LP ignores locality; placement still consolidates gangs on one model.
 - Gavel's lease is the job's guarantee, so SchedConfig's min_runtime and preemption backoff
@@ -28,13 +37,16 @@ Choices and simplifications, each for a reason:
   not preemptible are never moved or preempted and hold their GPUs in the count.
 - A job checkpoints when its lease ends (`Preempt(checkpoint=True)`), as Gavel assumes, so
   rotating jobs every round loses no work.
-- The owner applies resizes one at a time (release, then allocate), so moves are emitted in an
-  order where no move needs GPUs another mover still holds. A swap (a cycle) cannot be ordered:
+- Resizes are emitted in an order where no move needs GPUs another mover still holds, so an
+  owner applying them one at a time never over-commits. A swap (a cycle) cannot be ordered:
   the member with the least unsaved work is preempted and started again after the resizes.
 - Jobs that need no GPU are started wherever they fit and never preempted.
-- Bookkeeping (time active, time received per model) lives in this object between calls and is
-  updated from the snapshot: a running job is charged for the time since the previous call on
-  the model its allocation is on. A job that leaves the active set loses its history.
+- Bookkeeping (time active, time received per model) lives in this object between calls, in
+  numpy arrays with one row per active job, and is updated from the snapshot: a running job is
+  charged for the time since the previous call on the model its allocation is on. A job that
+  leaves the active set loses its history.
+- Reasons: a waiting job's reason is given when it changes (it is re-derived at each round
+  boundary, when priorities are decided); an unchanged one is not repeated on every pass.
 """
 
 from __future__ import annotations
@@ -46,7 +58,7 @@ import numpy as np
 
 from plinth.core.errors import SpecError
 from plinth.core.resources import Allocation, Cluster, Request
-from plinth.core.throughput import job_type_for, speed
+from plinth.core.throughput import DEFAULT_THROUGHPUTS, Throughputs
 from plinth.sched.lp import feasible_mask, max_min_fairness
 from plinth.sched.placement import place
 from plinth.sched.policies.base import Policy
@@ -55,6 +67,54 @@ from plinth.sched.state import ClusterState
 from plinth.sched.types import Decisions, JobState, Preempt, Resize, Snapshot, Start
 
 _X_MIN = 1e-4  # time fractions below this are solver noise, not an allocation
+_NO_ROOM = "Gavel: no GPU model it may use has room for the gang"
+
+
+class _Book:
+    """Per-job bookkeeping as numpy arrays, one row per job in the active set; rows are reused
+    once their job leaves. Static per row: the job's class (-1: needs no GPU), submit time
+    and id (for "older first" ties). Dynamic: X, time active, time received per model."""
+
+    def __init__(self, models: int) -> None:
+        self.models = models
+        self.row: dict[int, int] = {}
+        self.free: list[int] = []
+        self.size = 0
+        self._grow(256)
+
+    def _grow(self, n: int) -> None:
+        m, old = self.models, self.size
+        for name, shape, dtype, fill in (
+                ("X", (n, m), float, 0.0), ("has_x", (n,), bool, False),
+                ("recv", (n, m), float, 0.0), ("active", (n,), float, 0.0),
+                ("cls", (n,), np.intp, -1), ("submit", (n,), float, 0.0),
+                ("jid", (n,), np.int64, -1), ("run_m", (n,), np.intp, -1),
+                ("why_key", (n, 2 * m), np.int64, -1)):
+            a = np.full(shape, fill, dtype=dtype)
+            if old:
+                a[:old] = getattr(self, name)
+            setattr(self, name, a)
+        self.why: list[str | None] = (self.why if old else []) + [None] * (n - old)
+        self.free.extend(range(n - 1, old - 1, -1))
+        self.size = n
+
+    def add(self, js: JobState, cls: int) -> int:
+        if not self.free:
+            self._grow(2 * self.size)
+        r = self.free.pop()
+        self.row[js.id] = r
+        self.X[r] = 0.0
+        self.recv[r] = 0.0
+        self.why_key[r] = -1
+        self.has_x[r], self.active[r], self.cls[r] = False, 0.0, cls
+        self.submit[r], self.jid[r], self.run_m[r], self.why[r] = (
+            js.job.submit_time, js.id, -1, None)
+        return r
+
+    def drop(self, jid: int) -> None:
+        r = self.row.pop(jid)
+        self.jid[r], self.run_m[r], self.why[r] = -1, -1, None
+        self.free.append(r)
 
 
 class Gavel(Policy):
@@ -62,196 +122,312 @@ class Gavel(Policy):
 
     name = "gavel"
     preemptive = True
+    requires = frozenset({"checkpoint", "relaunch"})
+    round_based = True  # leases last `config.round_s` (0: re-decided at every event)
 
     def __init__(self, *, max_jobs: int = 1000, use_min_runtime: bool = False) -> None:
         if max_jobs < 1:
             raise SpecError(f"gavel.max_jobs: must be at least 1, got {max_jobs}")
         self.max_jobs = max_jobs
         self.use_min_runtime = use_min_runtime
+        self._cluster: Cluster | None = None
+        self._thr: Throughputs = DEFAULT_THROUGHPUTS
         self._reset(())
 
     def _reset(self, models: tuple[str, ...]) -> None:
         self._models = models
-        self._lp_key: tuple[int, ...] | None = None
-        self._X: dict[int, np.ndarray] = {}  # job id -> time fraction per model
-        self._T: dict[int, np.ndarray] = {}  # job id -> its speed on each model
+        self._book = _Book(len(models))
+        self._cap = np.zeros(len(models))
+        # LP classes: (job type, gang, allowed models) -> id, with their per-model arrays.
+        self._class_of: dict[tuple, int] = {}
+        self._cT = np.zeros((0, len(models)))  # speed per model
+        self._cscale = np.zeros(0)
+        self._callowed = np.zeros((0, len(models)), dtype=bool)
+        self._cX: np.ndarray = np.zeros((0, len(models)))  # the last solve's X per class
+        self._cin = np.zeros(0, dtype=bool)  # class was in the last solve
+        self._lp_counts: np.ndarray | None = None
         self.fairness = 0.0  # the LP's t, for reports
-        self._received: dict[int, np.ndarray] = {}  # job id -> seconds run on each model
-        self._active_time: dict[int, float] = {}
-        self._prev_active: tuple[int, ...] = ()
+        self._prev_rows = np.zeros(0, dtype=np.intp)
+        self._run_rows = np.zeros(0, dtype=np.intp)
         self._last_now: float | None = None
         self._round_end = -math.inf
+        self._outside_why = f"outside Gavel's active window (the {self.max_jobs} oldest jobs)"
 
     # -- bookkeeping -------------------------------------------------------------------------
     def allocation(self, job_id: int) -> np.ndarray | None:
         """The job's current time fractions per model (cluster.models order), if active."""
-        return self._X.get(job_id)
+        r = self._book.row.get(job_id)
+        return None if r is None or not self._book.has_x[r] else self._book.X[r].copy()
 
     def received_share(self, job_id: int) -> np.ndarray:
         """The share of its active time the job has run on each model so far."""
-        got = self._received.get(job_id)
-        active = self._active_time.get(job_id, 0.0)
-        if got is None or active <= 0:
+        b = self._book
+        r = b.row.get(job_id)
+        if r is None or b.active[r] <= 0:
             return np.zeros(len(self._models))
-        return got / active
+        return b.recv[r] / b.active[r]
+
+    def _sync(self, snap: Snapshot) -> None:
+        """Start from scratch on a new cluster or throughput matrix."""
+        cluster, thr = snap.cluster, snap.config.throughputs
+        if cluster is self._cluster and thr is self._thr:
+            return
+        if self._cluster is None or self._models != cluster.models or thr is not self._thr:
+            self._reset(cluster.models)
+        self._cluster, self._thr = cluster, thr
+        self._cap = np.array([cluster.gpus_of_model(m) for m in self._models], dtype=float)
+
+    def _class(self, js: JobState) -> int:
+        req = js.job.request
+        if req.gpu_milli_total == 0:
+            return -1
+        jtype = self._thr.type_of(js.job)
+        key = (jtype, req.num_gpus, req.gpu_models)
+        c = self._class_of.get(key)
+        if c is None:
+            c = self._class_of[key] = len(self._class_of)
+            models = self._models
+            self._cT = np.vstack([self._cT, self._thr.speeds(jtype, models)])
+            self._cscale = np.append(self._cscale, req.num_gpus)
+            self._callowed = np.vstack([self._callowed, [req.allows(m) for m in models]])
+            self._cX = np.vstack([self._cX, np.zeros(len(models))])
+            self._cin = np.append(self._cin, False)
+        return c
+
+    def _rows(self, window: list[JobState]) -> tuple[np.ndarray, list[int]]:
+        """Rows of the window's jobs (added on first sight) and the indices of the new ones."""
+        get = self._book.row.get
+        rows = [get(js.id, -1) for js in window]
+        fresh = [i for i, r in enumerate(rows) if r < 0]
+        for i in fresh:
+            js = window[i]
+            rows[i] = self._book.add(js, self._class(js))
+        return np.array(rows, dtype=np.intp), fresh
 
     def _account(self, snap: Snapshot, now: float) -> None:
-        if self._models != snap.cluster.models:  # a new cluster: start from scratch
-            self._reset(snap.cluster.models)
+        """Charge the time since the last pass: active time to the jobs active then, time on a
+        model to the jobs running now (they have run since the last pass's decisions)."""
+        b = self._book
+        b.run_m[self._run_rows] = -1
+        get, node_model = b.row.get, snap.cluster.node_model_list
+        rows, models = [], []
+        for js in snap.running.values():
+            r = get(js.id)
+            a = js.allocation
+            if r is not None and a is not None and a.slots and a.slots[0].gpus:
+                rows.append(r)
+                models.append(node_model[a.slots[0].node])
+        run_rows = self._run_rows = np.array(rows, dtype=np.intp)
+        run_m = np.array(models, dtype=np.intp)
+        b.run_m[run_rows] = run_m
         dt = 0.0 if self._last_now is None else now - self._last_now
         self._last_now = now
-        if dt <= 0:
-            return
-        for jid in self._prev_active:
-            self._active_time[jid] = self._active_time.get(jid, 0.0) + dt
-        for js in snap.running.values():
-            m = _model_index(snap.cluster, js.allocation)
-            if m >= 0:
-                got = self._received.setdefault(js.id, np.zeros(len(self._models)))
-                got[m] += dt
+        if dt > 0:
+            b.active[self._prev_rows] += dt
+            b.recv[run_rows, run_m] += dt
 
-    def _solve(self, snap: Snapshot, jobs: list[JobState], boundary: bool) -> None:
-        key = tuple(js.id for js in jobs)
-        if key == self._lp_key:
-            return
-        if not boundary:
-            # Mid-round nobody is moved, so a new allocation could only reorder who gets the
-            # GPUs freed until the round ends. Solve at the boundary instead (at most one LP per
-            # round); newcomers meanwhile get an even split over the models they can use,
-            # which with their infinite priority (never run) puts them first, fastest model
-            # first.
-            new = [js for js in jobs if js.id not in self._X]
-            T, scale, cap, allowed = self._lp_inputs(snap, new)
-            ok = feasible_mask(T, scale, cap, allowed)
-            for i, js in enumerate(new):
-                self._X[js.id] = ok[i] / max(1, ok[i].sum())
-                self._T[js.id] = T[i]
-            return
-        T, scale, cap, allowed = self._lp_inputs(snap, jobs)
-        res = max_min_fairness(T, scale, cap, allowed=allowed)
-        self._X = {js.id: res.X[i] for i, js in enumerate(jobs)}
-        self._T = {js.id: T[i] for i, js in enumerate(jobs)}
-        self.fairness = res.t
-        self._lp_key = key
-        keep = set(key) | set(snap.running)
-        for d in (self._received, self._active_time):
-            for jid in [j for j in d if j not in keep]:
-                del d[jid]
+    def _forget(self, keep: set[int]) -> None:
+        """Drop the history of jobs that left the active set and are not running."""
+        b = self._book
+        for jid in [j for j in b.row if j not in keep]:
+            b.drop(jid)
 
-    def _lp_inputs(self, snap: Snapshot, jobs: list[JobState]) -> tuple[np.ndarray, ...]:
-        models = self._models
-        cap = np.array([snap.cluster.gpus_of_model(m) for m in models], dtype=float)
-        T = throughput_matrix(jobs, models)
-        scale = np.array([js.job.request.num_gpus for js in jobs], dtype=float)
-        allowed = np.array([[js.job.request.allows(m) for m in models] for js in jobs],
-                           dtype=bool).reshape(len(jobs), len(models))
-        return T, scale, cap, allowed
+    def _solve(self, rows: np.ndarray) -> None:
+        """Solve the LP over the active classes if their counts changed since the last solve,
+        then give every active job its class's allocation."""
+        b = self._book
+        counts = np.bincount(b.cls[rows], minlength=len(self._class_of)).astype(float)
+        if self._lp_counts is None or not np.array_equal(counts, self._lp_counts):
+            live = np.flatnonzero(counts)
+            res = max_min_fairness(self._cT[live], self._cscale[live], self._cap,
+                                   allowed=self._callowed[live], counts=counts[live])
+            self._cX[:] = 0.0
+            self._cX[live] = res.X
+            self._cin[:] = False
+            self._cin[live] = True
+            self.fairness = res.t
+            self._lp_counts = counts
+        b.X[rows] = self._cX[b.cls[rows]]
+        b.has_x[rows] = True
+
+    def _provisional(self, rows: np.ndarray) -> None:
+        """Jobs without an allocation yet: their class's from the last solve if the class was
+        in it, else an even split over the models they can use."""
+        b = self._book
+        new = rows[~b.has_x[rows]]
+        if not new.size:
+            return
+        cls = b.cls[new]
+        ok = feasible_mask(self._cT[cls], self._cscale[cls], self._cap, self._callowed[cls])
+        even = ok / np.maximum(1, ok.sum(axis=1, keepdims=True))
+        b.X[new] = np.where(self._cin[cls, None], self._cX[cls], even)
+        b.has_x[new] = True
 
     # -- the pass ----------------------------------------------------------------------------
     def schedule(self, snap: Snapshot, now: float) -> Decisions:
         d = Decisions()
-        self._account(snap, now)
-        cfg = snap.config
+        self._sync(snap)
+        cfg, b = snap.config, self._book
         window, outside = self._window(snap)
+        why_out = self._outside_why
         for js in outside:
-            d.waiting[js.id] = f"outside Gavel's active window (the {self.max_jobs} oldest jobs)"
-        gpu_jobs = [js for js in window if js.job.request.gpu_milli_total > 0]
-        boundary = now >= self._round_end - 1e-9
-        self._solve(snap, gpu_jobs, boundary)
-        usable = [js for js in gpu_jobs if self._X[js.id].sum() > _X_MIN]
-        for js in gpu_jobs:
-            if self._X[js.id].sum() <= _X_MIN and js.id not in snap.running:
-                d.waiting[js.id] = "Gavel: no GPU model it may use has room for the gang"
-        self._prev_active = tuple(js.id for js in gpu_jobs)
-
-        work = snap.state.copy()
-        pairs = self._pairs(snap.cluster, usable)
+            if js.reason is not why_out:
+                d.waiting[js.id] = why_out
+        rows, fresh = self._rows(window)
+        self._account(snap, now)
+        boundary = cfg.round_s <= 0 or now >= self._round_end - 1e-9
+        gpu = b.cls[rows] >= 0
+        grows = rows[gpu]
         if boundary:
-            self._round_end = now + cfg.round_s
-            self._new_round(snap, now, work, usable, pairs, d)
+            self._forget({js.id for js in window} | set(snap.running))
+            self._solve(grows)
         else:
-            running = set(snap.running)
-            waiting = [(i, m) for i, m in pairs if usable[i].id not in running]
-            self._fill(snap, work, usable, waiting, d, set())
+            self._provisional(grows)
+        self._prev_rows = grows
+        usable = b.X[grows].sum(axis=1) > _X_MIN
+        gidx = np.flatnonzero(gpu)
+        for k in np.flatnonzero(~usable).tolist():
+            js = window[gidx[k]]
+            if js.id not in snap.running and js.reason is not _NO_ROOM:
+                d.waiting[js.id] = _NO_ROOM
+        jpos = gidx[usable]
+        jobs = [window[i] for i in jpos.tolist()]
+        jrows = grows[usable]
+
+        work: ClusterState | None = None
+        if boundary:
+            work = snap.state.copy()
+            ji, mi = self._pairs(jrows)
+            self._round_end = now + cfg.round_s
+            self._new_round(snap, now, work, jobs, jrows, ji, mi, d)
+        else:
+            # Mid-round only waiting jobs may start, and only on free GPUs.
+            placed: dict[int, tuple[Allocation, int]] = {}
+            if snap.state.free_milli > 0:
+                wait = np.flatnonzero(b.run_m[jrows] < 0)
+                if wait.size:
+                    work = snap.state.copy()
+                    ji, mi = self._pairs(jrows[wait])
+                    placed = self._fill(snap, work, jobs, wait[ji], mi, d)
+            if fresh:
+                # Reasons for the newcomers; the others keep the one their round gave them.
+                where = np.full(len(window), -1)
+                where[jpos] = np.arange(jpos.size)
+                new = where[fresh]
+                self._explain_waiting(jobs, jrows, new[new >= 0].tolist(), placed, d)
         # Jobs that need no GPU never compete for the LP's resources.
-        for js in window:
-            if js.job.request.gpu_milli_total == 0 and js.id not in snap.running:
+        for i in np.flatnonzero(~gpu).tolist():
+            js = window[i]
+            if js.id not in snap.running:
+                if work is None:
+                    work = snap.state.copy()
                 alloc = place(work, js.job.request, cfg.placement)
                 if alloc is not None:
                     work.allocate(alloc, js.job.request)
                     d.starts.append(Start(js.id, alloc, "Gavel: needs no GPU, fits now"))
                 else:
                     d.waiting[js.id] = "Resources: no node has the CPU or memory free"
-        d.wake_at = self._round_end if _busy(snap, d) else None
+        busy = cfg.round_s > 0 and _busy(snap, d)
+        d.wake_at = self._round_end if busy else None
         return d
 
     def _window(self, snap: Snapshot) -> tuple[list[JobState], list[JobState]]:
+        """The `max_jobs` oldest jobs, running or pending (in no particular order), and the
+        pending jobs examined after them."""
+        run = list(snap.running.values())
         head = list(islice(snap.pending, self.max_jobs + snap.config.backfill_depth))
-        jobs = sorted(head + list(snap.running.values()), key=self.order)
-        window = jobs[:self.max_jobs]
-        outside = [js for js in jobs[self.max_jobs:] if js.id not in snap.running]
-        return window, outside
+        room = self.max_jobs - len(run)
+        order = self.order
+        # Pending is sorted by age; usually every running job is older than the first pending
+        # job left out, and the window is simply all running jobs plus the oldest pending.
+        if room >= 0 and (len(head) <= room or not run
+                          or max(map(order, run)) < order(head[room])):
+            return run + head[:room], head[room:]
+        jobs = sorted(head + run, key=order)
+        return jobs[:self.max_jobs], [js for js in jobs[self.max_jobs:]
+                                      if js.id not in snap.running]
 
-    def _pairs(self, cluster: Cluster, jobs: list[JobState]) -> list[tuple[int, int]]:
+    def _pairs(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(job index, model index) pairs with X > 0, highest Gavel priority first."""
-        if not jobs:
-            return []
-        X = np.stack([self._X[js.id] for js in jobs])
-        share = np.stack([self.received_share(js.id) for js in jobs])
+        b = self._book
+        X = b.X[rows]
+        active = b.active[rows, None]
         with np.errstate(divide="ignore", invalid="ignore"):
+            share = np.where(active > 0, b.recv[rows] / active, 0.0)
             prio = np.where(share > 0, X / share, np.inf)
-        T = np.stack([self._T[js.id] for js in jobs])
         ji, mi = np.nonzero(X > _X_MIN)
-        stay = np.array([_model_index(cluster, js.allocation) for js in jobs])[ji] == mi
+        if not ji.size:
+            return ji, mi
+        r = rows[ji]
+        stay = b.run_m[r] == mi
+        T = self._cT[b.cls[r], mi]
+        # A job's deficit: the share of its active time it should have run so far, less the
+        # share it has (Gavel breaks ties by deficit too).
+        deficit = (X.sum(axis=1) - share.sum(axis=1))[ji]
         # Ties (e.g. every pair never run) go to the job already there (no migration), then
-        # the larger allocation, then the faster model, then the older job. Rounding keeps
-        # solver noise from deciding.
-        order = np.lexsort((ji, -T[ji, mi], -np.round(X[ji, mi], 6), ~stay,
-                            -np.round(prio[ji, mi], 6)))
-        return list(zip(ji[order].tolist(), mi[order].tolist()))
+        # the job furthest behind, then the larger allocation, then the faster model, then
+        # the older job. Rounding keeps solver noise from deciding.
+        order = np.lexsort((b.jid[r], b.submit[r], -T, -np.round(X[ji, mi], 6),
+                            -np.round(deficit, 6), ~stay, -np.round(prio[ji, mi], 6)))
+        return ji[order], mi[order]
 
-    def _new_round(self, snap: Snapshot, now: float, work: ClusterState,
-                   jobs: list[JobState], pairs: list[tuple[int, int]], d: Decisions) -> None:
-        cluster, models = snap.cluster, self._models
-        cap = np.array([cluster.gpus_of_model(m) for m in models], dtype=float)
-        used = np.zeros(len(models))
+    def _new_round(self, snap: Snapshot, now: float, work: ClusterState, jobs: list[JobState],
+                   rows: np.ndarray, ji: np.ndarray, mi: np.ndarray, d: Decisions) -> None:
+        cluster, models, b = snap.cluster, self._models, self._book
+        cap = self._cap.tolist()
+        used = [0.0] * len(models)
         index = {js.id: i for i, js in enumerate(jobs)}
+        run_m = dict(zip(b.jid[self._run_rows].tolist(), b.run_m[self._run_rows].tolist()))
         assigned: dict[int, int] = {}  # job index -> model index
-        movable: dict[int, JobState] = {}
+        movable: dict[int, tuple[JobState, int]] = {}  # with the model it is on
         for js in snap.running.values():
-            m = _model_index(cluster, js.allocation)
+            m = run_m.get(js.id, -1)
             if m < 0:
-                continue
+                m = _model_index(cluster, js.allocation)
+                if m < 0:
+                    continue
             if self._pinned(js, now, snap):
                 used[m] += js.job.request.num_gpus
                 if js.id in index:
                     assigned[index[js.id]] = m
             else:
-                movable[js.id] = js
+                movable[js.id] = (js, m)
         # Grant pairs by priority while the model has GPUs left (a count; placement below
         # may still fail on fragmentation, and the fill pass then tries the job's other models).
+        scale = self._cscale[b.cls[rows]].tolist()
+        smallest = min(scale, default=0.0)
+        full = [u + smallest > c + 1e-9 for u, c in zip(used, cap)]
+        n_full = sum(full)
+        pairs = list(zip(ji.tolist(), mi.tolist()))
         for i, m in pairs:
-            scale = jobs[i].job.request.num_gpus
-            if i not in assigned and used[m] + scale <= cap[m] + 1e-9:
+            if full[m] or i in assigned:
+                continue
+            s = scale[i]
+            if used[m] + s <= cap[m] + 1e-9:
                 assigned[i] = m
-                used[m] += scale
+                used[m] += s
+                if used[m] + smallest > cap[m] + 1e-9:
+                    full[m] = True
+                    n_full += 1
+                    if n_full == len(models):
+                        break  # no model can take even the smallest job
 
         # Release every running job that does not stay on its model, then place the granted.
         leaving: dict[int, JobState] = {}
-        for jid, js in movable.items():
+        for jid, (js, m) in movable.items():
             i = index.get(jid)
-            if i is None or assigned.get(i) != _model_index(cluster, js.allocation):
+            if i is None or assigned.get(i) != m:
                 work.release(js.allocation, js.job.request)  # type: ignore[arg-type]
                 leaving[jid] = js
         placed: dict[int, tuple[Allocation, int]] = {}
         tried: set[tuple[Request, int]] = set()
-        grants = [(i, m) for i, m in pairs if assigned.get(i) == m]
-        todo = [(i, m) for i, m in grants
-                if jobs[i].id not in snap.running or jobs[i].id in leaving]
+        running = snap.running
+        todo = [(i, m) for i, m in pairs if assigned.get(i) == m
+                and (jobs[i].id not in running or jobs[i].id in leaving)]
         self._place_pairs(snap, work, jobs, todo, placed, tried)
         # Fill: jobs whose grant did not place, or that got none, try their other models.
         rest = [(i, m) for i, m in pairs if i not in placed and
-                (jobs[i].id not in snap.running or jobs[i].id in leaving)]
+                (jobs[i].id not in running or jobs[i].id in leaving)]
         self._place_pairs(snap, work, jobs, rest, placed, tried)
 
         starts, moves = [], []
@@ -265,39 +441,44 @@ class Gavel(Policy):
                 starts.append(Start(js.id, alloc, self._why(js, m, "lease on"), models[m]))
         for js in leaving.values():
             # Nobody took its GPUs: let it run on rather than leave them idle for a round.
-            if _fits(work, js.allocation, js.job.request):  # type: ignore[arg-type]
+            if work.fits(js.allocation, js.job.request):  # type: ignore[arg-type]
                 work.allocate(js.allocation, js.job.request)  # type: ignore[arg-type]
                 continue
             old = models[_model_index(cluster, js.allocation)]
             why = ("outside Gavel's active window" if js.id not in index else
                    "other jobs have higher Gavel priority this round")
             d.preempts.append(Preempt(js.id, f"Gavel: lease on {old} ended; {why}",
-                                          checkpoint=True))
+                                      checkpoint=True))
         d.starts.extend(starts)
         self._order_moves(cluster, moves, d)
-        self._explain_waiting(jobs, placed, snap, d)
+        self._explain_waiting(jobs, rows, list(range(len(jobs))), placed, d)
 
-    def _fill(self, snap: Snapshot, work: ClusterState, jobs: list[JobState],
-              pairs: list[tuple[int, int]], d: Decisions, tried: set) -> None:
+    def _fill(self, snap: Snapshot, work: ClusterState, jobs: list[JobState], ji: np.ndarray,
+              mi: np.ndarray, d: Decisions) -> dict:
         """Mid-round: start waiting jobs on free GPUs, by priority, without moving anyone."""
         placed: dict[int, tuple[Allocation, int]] = {}
-        self._place_pairs(snap, work, jobs, pairs, placed, tried)
+        self._place_pairs(snap, work, jobs, list(zip(ji.tolist(), mi.tolist())), placed, set())
         for i, (alloc, m) in placed.items():
             js = jobs[i]
             d.starts.append(Start(js.id, alloc, self._why(js, m, "mid-round lease on"),
                                   self._models[m]))
-        self._explain_waiting(jobs, placed, snap, d)
+        return placed
 
     def _place_pairs(self, snap: Snapshot, work: ClusterState, jobs: list[JobState],
                      pairs: list[tuple[int, int]], placed: dict, tried: set) -> None:
-        pcfg, cluster = snap.config.placement, snap.cluster
+        pcfg, cluster, running = snap.config.placement, snap.cluster, snap.running
+        free_whole = work.free_whole_by_model
         for i, m in pairs:
             if i in placed:
                 continue
+            if work.free_milli <= 0:
+                break  # every GPU is taken: nothing more can be placed
             js = jobs[i]
             req = js.job.request
-            old = js.allocation if js.id in snap.running else None
-            if old is not None and _model_index(cluster, old) == m and _fits(work, old, req):
+            if not req.fractional and free_whole[m] < req.num_gpus:
+                continue
+            old = js.allocation if js.id in running else None
+            if old is not None and _model_index(cluster, old) == m and work.fits(old, req):
                 # Back on the model it just left and its GPUs are still free: no migration.
                 work.allocate(old, req)
                 placed[i] = (old, m)
@@ -312,8 +493,8 @@ class Gavel(Policy):
             placed[i] = (alloc, m)
 
     def _order_moves(self, cluster: Cluster, moves: list, d: Decisions) -> None:
-        """Emit moves so that the owner, applying resizes one by one (release the old GPUs,
-        allocate the new), never allocates a GPU another mover still holds. A cycle of moves
+        """Emit moves so that an owner applying resizes one by one (release the old GPUs,
+        allocate the new) never allocates a GPU another mover still holds. A cycle of moves
         (two jobs swapping models) is broken by preempting one of them and starting it again
         on its new GPUs after the resizes; that costs it its unsaved work."""
         holders: dict[int, set[int]] = {}  # GPU -> movers on it now (fractions share GPUs)
@@ -351,22 +532,53 @@ class Gavel(Policy):
             done.update(ready)
             left = [k for k in left if k not in done]
 
-    def _explain_waiting(self, jobs: list[JobState], placed: dict, snap: Snapshot,
-                         d: Decisions) -> None:
-        for i, js in enumerate(jobs):
-            if i not in placed and js.id not in snap.running:
-                d.waiting[js.id] = ("Gavel: waiting for a lease; allocation "
-                                    + self._describe(js.id))
+    def _explain_waiting(self, jobs: list[JobState], rows: np.ndarray, idx: list[int],
+                         placed: dict, d: Decisions) -> None:
+        """Reasons for the jobs `idx` left waiting. A reason is given when it changes: its text
+        is rebuilt only when its rounded numbers change, and not repeated if the job already
+        has it."""
+        b = self._book
+        if not idx:
+            return
+        cand = np.array(idx, dtype=np.intp)
+        cand = cand[b.run_m[rows[cand]] < 0].tolist()
+        wait = [i for i in cand if i not in placed] if placed else cand
+        if not wait:
+            return
+        r = rows[wait]
+        active = b.active[r, None]
+        share = np.divide(b.recv[r], active, out=np.zeros_like(b.recv[r]), where=active > 0)
+        key = np.round(np.hstack([b.X[r], share]) * 100).astype(np.int64)
+        old = b.why_key[r]
+        stale = (key != old).any(axis=1)
+        b.why_key[r] = key
+        for k, i in enumerate(wait):
+            row = int(r[k])
+            if stale[k] or b.why[row] is None:
+                b.why[row] = self._describe_row(row)
+            why = b.why[row]
+            js = jobs[i]
+            if js.reason is not why:
+                d.waiting[js.id] = why  # type: ignore[assignment]
 
     def _pinned(self, js: JobState, now: float, snap: Snapshot) -> bool:
         """Whether a running job keeps its GPUs this round whatever the priorities say."""
-        cfg = snap.config
         if not js.job.preemptible:
             return True
-        return self.use_min_runtime and not can_preempt(js, now, cfg)
+        return self.use_min_runtime and not can_preempt(js, now, snap.config)
+
+    def _describe_row(self, r: int) -> str:
+        b = self._book
+        active = b.active[r]
+        got = b.recv[r] / active if active > 0 else np.zeros(len(self._models))
+        return "Gavel: waiting for a lease; allocation " + ", ".join(
+            f"{m} {x:.2f} (had {g:.2f})" for m, x, g in zip(self._models, b.X[r].tolist(),
+                                                            got.tolist()) if x > _X_MIN)
 
     def _describe(self, jid: int) -> str:
-        X, got = self._X[jid], self.received_share(jid)
+        X, got = self.allocation(jid), self.received_share(jid)
+        if X is None:
+            return "none yet"
         return ", ".join(f"{m} {x:.2f} (had {g:.2f})"
                          for m, x, g in zip(self._models, X, got) if x > _X_MIN)
 
@@ -374,14 +586,12 @@ class Gavel(Policy):
         return f"Gavel: {what} {self._models[m]}; allocation {self._describe(js.id)}"
 
 
-def throughput_matrix(jobs: list[JobState], models: tuple[str, ...]) -> np.ndarray:
+def throughput_matrix(jobs: list[JobState], models: tuple[str, ...],
+                      throughputs: Throughputs = DEFAULT_THROUGHPUTS) -> np.ndarray:
     """T[j, m] = speed of job j's type on one GPU of model m, looked up once per type."""
-    types = [js.job.job_type or job_type_for(js.id) for js in jobs]
-    names = sorted(set(types))
-    rows = np.array([[speed(t, m) for m in models] for t in names]).reshape(len(names),
-                                                                             len(models))
-    ids = {t: k for k, t in enumerate(names)}
-    return rows[[ids[t] for t in types]] if jobs else np.zeros((0, len(models)))
+    if not jobs:
+        return np.zeros((0, len(models)))
+    return np.stack([throughputs.speeds(throughputs.type_of(js.job), models) for js in jobs])
 
 
 def _busy(snap: Snapshot, d: Decisions) -> bool:
@@ -395,23 +605,7 @@ def _model_index(cluster: Cluster, alloc: Allocation | None) -> int:
     """Index into cluster.models of the GPUs an allocation holds; -1 for none."""
     if alloc is None or not alloc.slots or not alloc.slots[0].gpus:
         return -1
-    return int(cluster.node_model_id[alloc.slots[0].node])
-
-
-def _fits(work: ClusterState, alloc: Allocation, req: Request) -> bool:
-    """Whether `alloc`'s exact GPUs, CPU and memory are still free in `work`."""
-    milli: dict[int, int] = {}
-    mem: dict[int, int] = {}
-    nodes: dict[int, int] = {}
-    for s in alloc.slots:
-        nodes[s.node] = nodes.get(s.node, 0) + 1
-        for g in s.gpus:
-            milli[g] = milli.get(g, 0) + s.milli
-            mem[g] = mem.get(g, 0) + s.gpu_memory_mib
-    return (all(work.gpu_free_milli[g] >= v for g, v in milli.items())
-            and all(work.gpu_free_mem[g] >= v for g, v in mem.items())
-            and all(work.node_free_cpu[n] >= k * req.cpus_milli
-                    and work.node_free_mem[n] >= k * req.memory_mib for n, k in nodes.items()))
+    return cluster.node_model_list[alloc.slots[0].node]
 
 
 __all__ = ["Gavel", "throughput_matrix"]

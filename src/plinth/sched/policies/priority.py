@@ -24,6 +24,10 @@ The pass's scratch state and the bookkeeping of who was preempted for whom is
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+import numpy as np
+
 from plinth.core.errors import SpecError
 from plinth.sched.backfill import easy_backfill
 from plinth.sched.policies.base import Policy
@@ -49,8 +53,8 @@ class StrictPriority(Policy):
     def schedule(self, snap: Snapshot, now: float) -> Decisions:
         d = Decisions()
         # Victims: lowest priority first, then least unsaved work (newest checkpoint).
-        plan = PreemptionPlan(snap, now, d, depth=self.preempt_depth,
-                              importance=lambda v: v.job.priority, whom="lower-priority job")
+        plan = PreemptionPlan(snap, now, d, depth=self.preempt_depth, importance=_priorities,
+                              whom="lower-priority job")
         pending = snap.pending  # may be long: read lazily, never copied
         notes: dict[int, str] = {}
 
@@ -70,7 +74,8 @@ class StrictPriority(Policy):
         rest = list(pending[head:head + depth + 1])
 
         if self.backfill:  # phase 2
-            easy_backfill(plan.backfill_view(), now, plan.work, rest, d, "priority")
+            easy_backfill(snap, now, plan.work, rest, d, "priority", planned=plan.started,
+                          gone=plan.victims)
         else:
             d.waiting[rest[0].id] = "Resources: first in line (no backfill)"
             for js in rest[1:]:
@@ -79,8 +84,7 @@ class StrictPriority(Policy):
         started = {s.job_id for s in d.starts}
         # The queue is sorted by priority, so once a job's priority is at or below every
         # running job's, no job further down has anyone to preempt.
-        lowest = min((v.job.priority for i, v in snap.running.items() if i not in plan.victims),
-                     default=None)
+        lowest = plan.lowest()
         for js in rest[1:]:  # phase 3
             if plan.tries_left <= 0 or lowest is None or js.job.priority <= lowest:
                 break
@@ -103,9 +107,13 @@ class StrictPriority(Policy):
     def _preempt_for(plan: PreemptionPlan, js: JobState) -> str | None:
         p = js.job.priority
         return plan.try_preempt(
-            js, lambda v: v.job.priority < p,
+            js, p,
             lambda vs: f"priority {p}: preempted job{'s' * (len(vs) > 1)} "
                        + ", ".join(str(v.id) for v in vs),
             lambda v: f"preempted by job {js.id} (priority {p} > {v.job.priority})",
-            key=p,
         )
+
+
+def _priorities(running: Sequence[JobState]) -> np.ndarray:
+    """Victim importance: the job's priority (lowest is preempted first)."""
+    return np.fromiter((js.job.priority for js in running), np.int64, len(running))

@@ -41,7 +41,7 @@ import numpy as np
 
 from plinth.core.errors import SpecError
 from plinth.core.resources import Allocation, Cluster
-from plinth.core.throughput import job_type_for, speed
+from plinth.core.throughput import DEFAULT_THROUGHPUTS, Throughputs
 from plinth.sched.placement import place
 from plinth.sched.policies.base import Policy
 from plinth.sched.preemption import can_preempt, find_victims, victim_order
@@ -54,6 +54,8 @@ class Themis(Policy):
 
     name = "themis"
     preemptive = True
+    requires = frozenset({"checkpoint"})
+    round_based = True  # leases last `config.round_s` (0: re-decided at every event)
 
     def __init__(self, *, fairness_knob: float = 0.8, max_jobs: int = 1000,
                  reclaim_depth: int = 16) -> None:
@@ -67,73 +69,157 @@ class Themis(Policy):
         self.max_jobs = max_jobs
         self.reclaim_depth = reclaim_depth
         self._round_end = -math.inf
-        self._mean_speed: dict[tuple, float] = {}  # (type, allowed models) -> speed if waiting
         self._cluster: Cluster | None = None
+        self._thr: Throughputs = DEFAULT_THROUGHPUTS
+        self._book = _Book()
+        self._outside_why = f"outside Themis' window (the {max_jobs} oldest waiting jobs)"
+
+    def _sync(self, cluster: Cluster, thr: Throughputs) -> None:
+        """Per-job speeds depend on the cluster and the matrix: start afresh if either changed."""
+        if cluster is not self._cluster or thr is not self._thr:
+            self._cluster, self._thr, self._book = cluster, thr, _Book()
+            self._last_jobs: list[JobState] = []
+            self._last_rows = np.zeros(0, dtype=np.intp)
 
     # -- finish-time fairness ----------------------------------------------------------------
-    def rho(self, jobs: list[JobState], now: float, n_active: int, cluster: Cluster
-            ) -> np.ndarray:
+    def rho(self, jobs: list[JobState], now: float, n_active: int, cluster: Cluster,
+            throughputs: Throughputs | None = None) -> np.ndarray:
         """Finish-time fairness of each job, vectorised over the arrays read once from them."""
-        if self._cluster is not cluster:
-            self._cluster, self._mean_speed = cluster, {}
-        est = np.array([js.job.estimate for js in jobs], dtype=float)
-        remaining = np.array([js.remaining_estimate for js in jobs], dtype=float)
-        submit = np.array([js.job.submit_time for js in jobs], dtype=float)
-        gpus = np.array([js.job.request.num_gpus for js in jobs], dtype=float)
-        rate = np.array([self._rate(js, cluster) for js in jobs], dtype=float)
-        ideal = np.maximum(est, 1.0) * np.maximum(1.0, n_active * gpus / cluster.total_gpus)
-        shared = (now - submit) + remaining / rate
+        self._sync(cluster, throughputs or self._thr)
+        return self._rho(jobs, self._rows(jobs)[0], now, n_active)
+
+    def _rho(self, jobs: list[JobState], rows: np.ndarray, now: float, n_active: int
+             ) -> np.ndarray:
+        b = self._book
+        est = b.est[rows]
+        progress = np.fromiter((js.progress for js in jobs), float, len(jobs))
+        remaining = np.maximum(0.0, est - progress)
+        rate = b.rate[rows].copy()  # while waiting: the mean speed over its GPUs
+        running = [i for i, js in enumerate(jobs) if js.allocation is not None]
+        if running:
+            rate[running] = [self._running_rate(jobs[i]) for i in running]
+        total = self._cluster.total_gpus  # type: ignore[union-attr]
+        ideal = np.maximum(est, 1.0) * np.maximum(1.0, n_active * b.gpus[rows] / total)
+        shared = (now - b.submit[rows]) + remaining / rate
         return shared / ideal
 
-    def _rate(self, js: JobState, cluster: Cluster) -> float:
-        jtype = js.job.job_type or job_type_for(js.id)
-        if js.allocation is not None and js.rate > 0:
+    def _running_rate(self, js: JobState) -> float:
+        if js.rate > 0:
             return js.rate
-        if js.allocation is not None and js.model is not None:
-            return speed(jtype, js.model)
+        if js.model is not None:
+            return self._thr.speed(self._thr.type_of(js.job), js.model)
+        return self._book.rate[self._book.row[js.id]]
+
+    def _rows(self, jobs: list[JobState]) -> tuple[np.ndarray, list[int]]:
+        """The jobs' rows in the book, added on first sight, and the indices of the new."""
+        b = self._book
+        if jobs == self._last_jobs:  # the same job objects as last time (an identity check)
+            return self._last_rows, []
+        get = b.row.get
+        rows = [get(js.id, -1) for js in jobs]
+        fresh = [i for i, r in enumerate(rows) if r < 0]
+        for i in fresh:
+            rows[i] = b.add(jobs[i], self._waiting_rate(jobs[i]))
+        self._last_jobs, self._last_rows = jobs, np.array(rows, dtype=np.intp)
+        return self._last_rows, fresh
+
+    def _waiting_rate(self, js: JobState) -> float:
+        """A waiting job's expected speed: its type's mean over the GPUs it may use, weighted
+        by their number."""
+        jtype = self._thr.type_of(js.job)
         key = (jtype, js.job.request.gpu_models)
-        if key not in self._mean_speed:
-            n = [(cluster.gpus_of_model(m), speed(jtype, m)) for m in cluster.models
+        rate = self._book.mean_speed.get(key)
+        if rate is None:
+            cluster, thr = self._cluster, self._thr
+            n = [(cluster.gpus_of_model(m), thr.speed(jtype, m))  # type: ignore[union-attr]
+                 for m in cluster.models  # type: ignore[union-attr]
                  if js.job.request.allows(m)]
             total = sum(c for c, _ in n)
-            self._mean_speed[key] = sum(c * s for c, s in n) / total if total else 1.0
-        return max(self._mean_speed[key], 1e-9)
+            rate = max(sum(c * s for c, s in n) / total if total else 1.0, 1e-9)
+            self._book.mean_speed[key] = rate
+        return rate
 
     # -- the pass ----------------------------------------------------------------------------
     def schedule(self, snap: Snapshot, now: float) -> Decisions:
         d = Decisions()
+        self._sync(snap.cluster, snap.config.throughputs)
         waiting = list(islice(snap.pending, self.max_jobs))
+        why_out = self._outside_why
         for js in islice(snap.pending, self.max_jobs, self.max_jobs + snap.config.backfill_depth):
-            d.waiting[js.id] = f"outside Themis' window (the {self.max_jobs} oldest waiting jobs)"
-        boundary = now >= self._round_end - 1e-9
-        # Mid-round only waiting jobs are placed, so only their rho is needed.
-        jobs = list(snap.running.values()) + waiting if boundary else waiting
-        if not jobs:
-            return d
-        rho = self.rho(jobs, now, len(snap.running) + len(snap.pending), snap.cluster)
-        # Worst rho first; ties go to the older job.
-        submit = np.array([js.job.submit_time for js in jobs])
-        ids = np.array([js.id for js in jobs])
-        order = np.lexsort((ids, submit, -rho)).tolist()
-        work = snap.state.copy()
+            if js.reason is not why_out:
+                d.waiting[js.id] = why_out
+        boundary = snap.config.round_s <= 0 or now >= self._round_end - 1e-9
+        n_active = len(snap.running) + len(snap.pending)
         if boundary:
             self._round_end = now + snap.config.round_s
-            self._new_round(snap, now, work, jobs, rho, order, d)
-        else:
-            for i in order:
-                js = jobs[i]
-                if not self._try_start(snap, work, js, d, f"Themis: mid-round, free GPUs "
-                                       f"(rho={rho[i]:.2f})"):
-                    d.waiting[js.id] = (f"Themis: rho={rho[i]:.2f}; waiting for the next round "
-                                        f"at t={self._round_end:.0f}s")
+            jobs = list(snap.running.values()) + waiting
+            if jobs:
+                rows = self._rows(jobs)[0]
+                self._book.forget({js.id for js in jobs})
+                self._last_jobs = []  # its rows may have been freed
+                rho = self._rho(jobs, rows, now, n_active)
+                self._new_round(snap, now, snap.state.copy(), jobs, rows, rho,
+                                self._by_rho(rows, rho), d)
+        elif waiting:
+            self._mid_round(snap, now, waiting, n_active, d)
         # On an idle cluster every waiting job was just tried; time alone changes nothing,
         # so do not ask to be woken (the owner then reports the jobs as stuck).
         busy = d.starts or len(snap.running) > len(d.preempts)
-        d.wake_at = self._round_end if busy else None
+        d.wake_at = self._round_end if busy and snap.config.round_s > 0 else None
         return d
 
+    def _by_rho(self, rows: np.ndarray, rho: np.ndarray) -> list[int]:
+        """Worst rho first; ties go to the older job."""
+        b = self._book
+        return np.lexsort((b.jid[rows], b.submit[rows], -rho)).tolist()
+
+    def _mid_round(self, snap: Snapshot, now: float, waiting: list[JobState], n_active: int,
+                   d: Decisions) -> None:
+        """Start waiting jobs on free GPUs, worst rho first, without preempting anybody. Only
+        the jobs that could fit what is free are ranked (a ranking of the others would change
+        nothing), and only newcomers get a reason: the others keep their round's."""
+        b = self._book
+        rows, fresh = self._rows(waiting)
+        state = snap.state
+        fits = b.cpu_only[rows].copy()
+        if state.free_milli > 0:
+            fits |= b.fraction[rows] | (b.gpus[rows] <= state.whole_free_gpus())
+        cand = np.flatnonzero(fits)
+        started: set[int] = set()
+        if cand.size:
+            jobs = [waiting[i] for i in cand.tolist()]
+            crows = rows[cand]
+            rho = self._rho(jobs, crows, now, n_active)
+            work = state.copy()
+            cpu_left = int(b.cpu_only[crows].sum())
+            for k in self._by_rho(crows, rho):
+                js = jobs[k]
+                cpu = b.cpu_only[crows[k]]
+                if self._may_fit(work, js, crows[k]) and self._try_start(
+                        snap, work, js, d, f"Themis: mid-round, free GPUs (rho={rho[k]:.2f})"):
+                    started.add(js.id)
+                cpu_left -= cpu
+                if not cpu_left and work.free_milli <= 0:
+                    break  # every GPU is taken and no job left needs none
+        fresh = [i for i in fresh if waiting[i].id not in started]
+        if fresh:
+            jobs = [waiting[i] for i in fresh]
+            rho = self._rho(jobs, rows[fresh], now, n_active)
+            for k, js in enumerate(jobs):
+                d.waiting[js.id] = (f"Themis: rho={rho[k]:.2f}; waiting for the next round "
+                                    f"at t={self._round_end:.0f}s")
+
+    def _may_fit(self, work: ClusterState, js: JobState, row: int) -> bool:
+        """A cheap necessary condition for placing `js` on `work` (enough GPUs free at all)."""
+        b = self._book
+        if b.cpu_only[row]:
+            return True
+        if work.free_milli <= 0:
+            return False
+        return bool(b.fraction[row]) or b.gpus[row] <= work.whole_free_gpus()
+
     def _new_round(self, snap: Snapshot, now: float, work: ClusterState, jobs: list[JobState],
-                   rho: np.ndarray, order: list[int], d: Decisions) -> None:
+                   rows: np.ndarray, rho: np.ndarray, order: list[int], d: Decisions) -> None:
         k = max(1, math.ceil((1.0 - self.fairness_knob) * len(jobs)))
         offered = order[:k]
         cut = rho[offered[-1]]
@@ -144,20 +230,21 @@ class Themis(Policy):
         pool: list[JobState] | None = None
         taken: set[int] = set()  # renewed or reclaimed
         tries = self.reclaim_depth
+        running = snap.running
         for i in offered:
             js = jobs[i]
-            if js.id in snap.running:
+            if js.id in running:
                 taken.add(js.id)
                 continue
             why = (f"Themis: among the {k} jobs with the worst finish-time fairness "
                    f"(rho={rho[i]:.2f})")
-            if self._try_start(snap, work, js, d, why):
+            if self._may_fit(work, js, rows[i]) and self._try_start(snap, work, js, d, why):
                 continue
             if tries > 0:
                 tries -= 1
                 if pool is None:
                     key = victim_order(lambda v: rho[by_id[v.id]])
-                    pool = sorted((v for v in snap.running.values()
+                    pool = sorted((v for v in running.values()
                                    if can_preempt(v, now, snap.config)), key=key)
                 if self._try_reclaim(snap, now, work, js, rho[i], pool, taken, by_id, rho, d,
                                      why):
@@ -166,9 +253,10 @@ class Themis(Policy):
                                 "are free and no lease can be reclaimed")
         for i in order[k:]:
             js = jobs[i]
-            if js.id in snap.running:
+            if js.id in running:
                 continue
-            if not self._try_start(snap, work, js, d, f"Themis: leftover GPUs (rho={rho[i]:.2f})"):
+            if not (self._may_fit(work, js, rows[i]) and self._try_start(
+                    snap, work, js, d, f"Themis: leftover GPUs (rho={rho[i]:.2f})")):
                 d.waiting[js.id] = (f"Themis: rho={rho[i]:.2f}; this round's GPUs went to the "
                                     f"{k} jobs with rho >= {cut:.2f}")
 
@@ -212,7 +300,7 @@ class Themis(Policy):
             return place(work, req, snap.config.placement)
         if work.known_unplaceable(req):
             return None
-        jtype = js.job.job_type or job_type_for(js.id)
+        jtype = self._thr.type_of(js.job)
         best, best_key = None, None
         for m in snap.cluster.models:
             if not req.allows(m):
@@ -220,12 +308,54 @@ class Themis(Policy):
             alloc = place(work, req, snap.config.placement, models=(m,))
             if alloc is None:
                 continue
-            key = (len(alloc.nodes), -speed(jtype, m))
+            key = (len(alloc.nodes), -self._thr.speed(jtype, m))
             if best_key is None or key < best_key:
                 best, best_key = alloc, key
         if best is None:
             work.mark_unplaceable(req)  # the state only fills up during a pass
         return best
+
+
+
+class _Book:
+    """What Themis reads from a job on every pass that does not change while the job is
+    active, as numpy arrays with one row per job (rows reused once a job leaves)."""
+
+    def __init__(self) -> None:
+        self.row: dict[int, int] = {}
+        self.free: list[int] = []
+        self.size = 0
+        self.mean_speed: dict[tuple, float] = {}  # (type, allowed models) -> speed if waiting
+        self._grow(256)
+
+    def _grow(self, n: int) -> None:
+        old = self.size
+        for name, dtype in (("est", float), ("submit", float), ("gpus", float),
+                            ("rate", float), ("cpu_only", bool), ("fraction", bool),
+                            ("jid", np.int64)):
+            a = np.zeros(n, dtype=dtype)
+            if old:
+                a[:old] = getattr(self, name)
+            setattr(self, name, a)
+        self.free.extend(range(n - 1, old - 1, -1))
+        self.size = n
+
+    def add(self, js: JobState, waiting_rate: float) -> int:
+        if not self.free:
+            self._grow(2 * self.size)
+        r = self.free.pop()
+        self.row[js.id] = r
+        job, req = js.job, js.job.request
+        self.est[r], self.submit[r], self.gpus[r] = job.estimate, job.submit_time, req.num_gpus
+        self.jid[r] = job.id
+        self.rate[r] = waiting_rate
+        self.cpu_only[r], self.fraction[r] = req.gpu_milli_total == 0, req.fractional
+        return r
+
+    def forget(self, keep: set[int]) -> None:
+        """Free the rows of jobs not in `keep` (finished, or out of the window)."""
+        for jid in [j for j in self.row if j not in keep]:
+            self.free.append(self.row.pop(jid))
 
 
 def _model(cluster: Cluster, alloc: Allocation) -> str | None:

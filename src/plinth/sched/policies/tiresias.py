@@ -40,7 +40,10 @@ import bisect
 import heapq
 from collections.abc import Sequence
 
+import numpy as np
+
 from plinth.core.errors import SpecError
+from plinth.core.resources import MILLI
 from plinth.sched.policies.base import Policy
 from plinth.sched.preemption import MIN_WAKE, PreemptionPlan
 from plinth.sched.types import Decisions, JobState, Snapshot
@@ -99,7 +102,7 @@ class Tiresias(Policy):
         ahead: list[tuple[float, JobState]] = []  # starvation limits still to come
         if factor is not None:
             for q in range(1, len(thr) + 1):
-                first = bisect.bisect_left(pending, (q,), key=self.order)
+                first = self._first_of_queue(pending, q)
                 for js in pending[first:first + self.starve_scan]:
                     if bisect.bisect_right(thr, js.attained) != q:
                         break
@@ -116,11 +119,14 @@ class Tiresias(Policy):
                 for js in pending if js.id not in promoted)
         entries = heapq.merge(lifted, stay, key=lambda e: e[:3]) if lifted else stay
 
-        run_q = {i: self.queue_of(v.attained) for i, v in snap.running.items()}
-        top_run_q = max(run_q.values(), default=-1)
+        # Every running job's queue, vectorised: a pass reads it for all of them.
+        running = list(snap.running.values())
+        run_q = self.queues(running)
+        top_run_q = int(run_q.max()) if run_q.size else -1
         # Victims: the highest queue (most served) first, then the least unsaved work.
         plan = PreemptionPlan(snap, now, d, depth=self.preempt_depth,
-                              importance=lambda v: -run_q[v.id], whom="job in a lower queue")
+                              importance=lambda jobs: -self.queues(jobs),
+                              whom="job in a lower queue")
 
         first_waiting: int | None = None
         examined = 0
@@ -159,15 +165,15 @@ class Tiresias(Policy):
             if plan.try_start(js, f"tiresias: queue {q}{note}"):
                 continue
             if q < top_run_q:
-                why = plan.try_preempt(
-                    js, lambda v, q=q: run_q[v.id] > q,
+                why = plan.try_preempt(  # jobs of a higher queue only: -queue < -q
+                    js, -q,
                     lambda vs, q=q, note=note: (
                         f"tiresias: queue {q}{note}, preempted "
-                        + ", ".join(f"job {v.id} (queue {run_q[v.id]})" for v in vs)),
+                        + ", ".join(f"job {v.id} (queue {self.queue_of(v.attained)})"
+                                    for v in vs)),
                     lambda v, js=js, q=q: (
-                        f"preempted by job {js.id} (queue {q} < queue {run_q[v.id]}, "
-                        f"attained {v.attained:.0f} GPU-s)"),
-                    key=q,
+                        f"preempted by job {js.id} (queue {q} < queue "
+                        f"{self.queue_of(v.attained)}, attained {v.attained:.0f} GPU-s)"),
                 )
                 if why is None:
                     continue
@@ -182,26 +188,52 @@ class Tiresias(Policy):
 
         started = {s.job_id for s in d.starts}
         next_promotion = min((t for t, js in ahead if js.id not in started), default=None)
-        d.wake_at = plan.wake_at(self._next_demotion(plan, run_q, waiting_q), next_promotion)
+        d.wake_at = plan.wake_at(self._next_demotion(plan, running, run_q, waiting_q),
+                                 next_promotion)
         return d
 
-    def _next_demotion(self, plan: PreemptionPlan, run_q: dict[int, int],
-                       waiting_q: dict[int, int]) -> float | None:
+    def _next_demotion(self, plan: PreemptionPlan, running: list[JobState],
+                       run_q: np.ndarray, waiting_q: dict[int, int]) -> float | None:
         """When the next running (or just started) job crosses its queue's threshold. Only
         demotions that can make a job a victim matter: below some waiting job's queue, of a
         job that may be preempted at all."""
         if not waiting_q:
             return None
         best_waiting = min(waiting_q.values())
-        last, cap = len(self.thresholds), plan.cfg.max_preemptions
-        jobs = [(js, run_q[i]) for i, js in plan.snap.running.items() if i not in plan.victims]
-        jobs += [(js, self.queue_of(js.attained)) for js, _ in plan.started]
+        last, cap, now = len(self.thresholds), plan.cfg.max_preemptions, plan.now
+        # Running jobs, vectorised; the few attributes are read only for jobs in a queue
+        # that matters.
+        idx = np.flatnonzero((run_q < last) & (run_q >= best_waiting))
+        jobs = [running[i] for i in idx.tolist()]
+        n = len(jobs)
+        keep = np.fromiter((js.job.preemptible and js.preemptions < cap for js in jobs), bool, n)
+        if plan.victims:
+            keep &= np.fromiter((js.id not in plan.victims for js in jobs), bool, n)
+        milli = np.fromiter((js.job.request.gpu_milli_total for js in jobs), np.int64, n)
+        keep &= milli > 0
         best: float | None = None
-        for js, q in jobs:
+        if keep.any():
+            att = np.fromiter((js.attained for js in jobs), float, n)[keep]
+            thr = np.asarray(self.thresholds)[run_q[idx][keep]]
+            best = float((now + (thr - att) / (milli[keep] / MILLI)).min())
+        for js, _ in plan.started:  # a handful: the scalar formula
+            q = self.queue_of(js.attained)
             if q >= last or best_waiting > q or not js.job.preemptible or js.preemptions >= cap:
                 continue
             gpus = js.job.request.num_gpus
             if gpus > 0:
-                t = plan.now + (self.thresholds[q] - js.attained) / gpus
+                t = now + (self.thresholds[q] - js.attained) / gpus
                 best = t if best is None or t < best else best
         return best
+
+    def queues(self, jobs: Sequence[JobState]) -> np.ndarray:
+        """`queue_of` for many jobs at once (searchsorted right is bisect_right)."""
+        attained = np.fromiter((js.attained for js in jobs), float, len(jobs))
+        return np.searchsorted(self.thresholds, attained, side="right")
+
+    def _first_of_queue(self, pending: Sequence[JobState], q: int) -> int:
+        """Index of queue q's first job in the sorted pending queue."""
+        by_key = getattr(pending, "bisect_key_left", None)  # a SortedKeyList: no key calls
+        if by_key is not None:
+            return by_key((q,))
+        return bisect.bisect_left(pending, (q,), key=self.order)

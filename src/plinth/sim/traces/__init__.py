@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from plinth.core.errors import SpecError
+from plinth.core.registry import Registry
 from plinth.sim.traces.alibaba import load_alibaba
 from plinth.sim.traces.base import Trace
 from plinth.sim.traces.csv import load_csv, write_csv
@@ -16,18 +16,15 @@ from plinth.sim.traces.philly import load_philly
 from plinth.sim.traces.synthetic import synthetic_jobs, synthetic_trace
 from plinth.sim.traces.window import apply_window, parse_window
 
-LOADERS: dict[str, Callable[[str], Trace]] = {
-    "philly": load_philly,
-    "alibaba": load_alibaba,
-    "csv": load_csv,
-}
+LOADERS: Registry[Callable[[str], Trace]] = Registry("trace format")
+LOADERS.add("philly", load_philly)
+LOADERS.add("alibaba", load_alibaba)
+LOADERS.add("csv", load_csv)
 
 
 def load_trace(path: str, fmt: str, window: str | tuple[float, float] | None = None) -> Trace:
     """Load `path` in format `fmt` (philly, alibaba, csv), optionally cut to a time window."""
     loader = LOADERS.get(fmt)
-    if loader is None:
-        raise SpecError(f"unknown trace format {fmt!r}; known formats: {', '.join(LOADERS)}")
     if isinstance(window, str):
         window = parse_window(window)  # a bad window fails before a long load, not after
     trace = loader(str(path))

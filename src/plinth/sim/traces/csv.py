@@ -1,8 +1,8 @@
 """Plinth's own generic CSV trace, for hand-written and generated workloads.
 
 Header required. Columns ``job_id,submit_time,duration,num_gpus`` are required; ``tenant``,
-``gpu_milli``, ``gpu_model`` and ``gpu_memory_mib`` are optional (absent from the header, empty,
-or left off the end of a row = default).
+``gpu_milli``, ``gpu_model``, ``gpu_memory_mib`` and ``job_type`` are optional (absent from the
+header, empty, or left off the end of a row = default).
 
 - `submit_time` and `duration` are seconds; duration > 0. `job_id` becomes the job's name
   (ids are renumbered in submit order).
@@ -10,6 +10,10 @@ or left off the end of a row = default).
 - `gpu_milli` 1..999 with `num_gpus` 1 is a fractional share; `gpu_memory_mib` is its GPU
   memory. `gpu_milli` 1000 (or empty) means whole GPUs.
 - `gpu_model` names the allowed models, ``|``-separated (``V100|A100``); empty = any.
+- `job_type` names the job's row in the throughput matrix (`plinth.core.throughput`), e.g.
+  ``resnet50`` or, with Gavel's measurements loaded, ``ResNet-50 (batch size 64)``; it sets the
+  job's speed on each GPU model, so a heterogeneous replay can be compared with another
+  simulator's. Empty = a type assigned by job id from the matrix's types.
 
 `write_csv(jobs, path)` writes this format, so generated workloads round-trip through a file.
 """
@@ -33,7 +37,7 @@ from plinth.sim.traces.base import (
 )
 
 REQUIRED = ("job_id", "submit_time", "duration", "num_gpus")
-OPTIONAL = ("tenant", "gpu_milli", "gpu_model", "gpu_memory_mib")
+OPTIONAL = ("tenant", "gpu_milli", "gpu_model", "gpu_memory_mib", "job_type")
 COLUMNS = REQUIRED + OPTIONAL
 
 
@@ -66,7 +70,7 @@ def load_csv(path: str) -> Trace:
                 req = Request(gpus=1, workers=gpus, gpu_memory_mib=mem, gpu_models=models)
             requests[shape] = req
         raw.append(RawJob(submit, duration, req, name, get(row, col["tenant"]) or "default",
-                          0, line))
+                          0, line, get(row, col["job_type"])))
     return build_trace(raw, path, "csv", rows.last_line)
 
 
@@ -95,4 +99,4 @@ def write_csv(jobs: Iterable[Job], path: str) -> None:
                                 f"expressible; the CSV format means num_gpus one-GPU workers")
             w.writerow([j.name or str(j.id), _num(j.submit_time), _num(j.duration), num,
                         j.tenant, milli, "|".join(r.gpu_models),
-                        r.gpu_memory_mib or ""])
+                        r.gpu_memory_mib or "", j.job_type])

@@ -12,7 +12,10 @@
                         retries left
 ```
 
-Every transition is one transaction in the store together with the event that explains it.
+The one owner of scheduling state (`plinth.sched.owner`) makes every move through
+`check_transition`, in the simulator and on the platform alike; the control plane writes each
+one to the store in one transaction together with the event that explains it. A job that can
+never fit the cluster is `rejected` before it is ever pending (the simulator's `reject_unfit`).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ class State(enum.Enum):
     FAILED = "failed"
     CANCELLED = "cancelled"
     TIMEOUT = "timeout"
+    REJECTED = "rejected"  # never admitted: it cannot fit the cluster
 
     @property
     def terminal(self) -> bool:
@@ -41,7 +45,8 @@ class State(enum.Enum):
         return self in (State.RUNNING, State.STOPPING)
 
 
-TERMINAL = frozenset({State.SUCCEEDED, State.FAILED, State.CANCELLED, State.TIMEOUT})
+TERMINAL = frozenset({State.SUCCEEDED, State.FAILED, State.CANCELLED, State.TIMEOUT,
+                      State.REJECTED})
 
 
 class StopReason(enum.Enum):
@@ -62,6 +67,7 @@ TRANSITIONS: dict[State, frozenset[State]] = {
     State.FAILED: frozenset(),
     State.CANCELLED: frozenset(),
     State.TIMEOUT: frozenset(),
+    State.REJECTED: frozenset(),
 }
 
 

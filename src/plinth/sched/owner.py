@@ -1,0 +1,697 @@
+"""The one owner of scheduling state: events and the time in, instructions for a runtime out.
+
+The control plane (`plinth.control.service`) and the simulator (`plinth.sim.engine`) are thin
+shells around this class: the control plane adds the store, the API, the wall clock and a real
+runtime; the simulator adds a virtual clock and the simulated runtime (`plinth.runtime.sim`).
+Neither applies a scheduling decision itself.
+
+    out = owner.handle([Submitted(job), Exited(5, 1, 0), ...], now)
+    out.transitions   # every lifecycle move, for the store (the control plane writes them)
+    out.instructions  # Launch / Stop, for the runtime
+    out.rejected      # events that could not be applied, each with a one-line reason
+
+Two views of the cluster are kept:
+
+- `state`, the plan. It is what the policy sees. A decision changes it at once: a preempted or
+  cancelled job's resources are free in the plan as soon as the stop is decided, and a started
+  job's are taken.
+- `held`, what processes really hold. A job's resources are held from its Launch until the
+  runtime reports it exited or lost.
+
+A job started on resources that a stopping job still holds is RUNNING in the plan but waits for
+its Launch until `held` has room, in the order the starts were decided. So a move to other GPUs
+(Gavel's lease on another model) is a checkpoint-then-stop of the current attempt, and a Launch
+of the next attempt on the new allocation once the old one has exited. A job stopped to be
+requeued (preempted, moved) is back in the pending queue from the decision on: the policy
+planned it so, and may start it again in the same pass.
+
+Timers are the owner's too: time limits (`Job.time_limit`) and the policy's `wake_at` (a lease
+or round ending). They fire on the first `handle` at or after them; `next_timer()` says when.
+
+`validate=True` checks the invariants after every step (tests and the simulator's checks):
+nothing over-committed in either view, both views equal to the sum of their jobs' allocations,
+gangs whole, every job in exactly one state.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from plinth.core.resources import MILLI, Allocation, Cluster
+from plinth.core.workload import Job
+from plinth.sched.lifecycle import State, StopReason, check_transition
+from plinth.sched.policies.base import Policy
+from plinth.sched.state import ClusterState
+from plinth.sched.types import Decisions, JobState, SchedConfig, Snapshot
+
+from sortedcontainers import SortedKeyList
+
+WAITING_FOR_RELEASE = "started: waiting for stopping jobs to release its resources"
+
+# --- events in ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Submitted:
+    job: Job
+
+
+@dataclass(frozen=True, slots=True)
+class Cancelled:
+    job_id: int
+    message: str = "cancelled by the user"
+
+
+@dataclass(frozen=True, slots=True)
+class Started:
+    """The runtime has the attempt running. Progress begins at `at` (after any restore) at
+    `rate` units of work per second. `checkpoint_every` declares a fixed checkpoint cadence in
+    units of work (the simulated runtime's model), so that periodic checkpoints need no event
+    each; runtimes that observe real checkpoints report them as `CheckpointSaved` instead."""
+
+    job_id: int
+    attempt: int
+    at: float
+    rate: float = 1.0
+    checkpoint_every: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Exited:
+    job_id: int
+    attempt: int
+    exit_code: int
+    message: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Lost:
+    job_id: int
+    attempt: int
+    message: str = "processes vanished"
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchFailed:
+    job_id: int
+    attempt: int
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointSaved:
+    job_id: int
+    attempt: int
+    at: float
+    step: int | None = None
+
+
+Event = Submitted | Cancelled | Started | Exited | Lost | LaunchFailed | CheckpointSaved
+
+# --- out ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Launch:
+    job_id: int
+    attempt: int
+    allocation: Allocation
+    reason: str
+    model: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Stop:
+    """SIGTERM, then kill after the shell's grace period. With `checkpoint` the job is asked to
+    save first (a lease ending, a move), and loses nothing; otherwise it loses the work since
+    its last checkpoint."""
+
+    job_id: int
+    attempt: int
+    reason: StopReason
+    message: str
+    checkpoint: bool = False
+
+
+Instruction = Launch | Stop
+
+
+@dataclass(frozen=True, slots=True)
+class Transition:
+    """One lifecycle move. `fields` are the job's columns that change with it (as the store
+    names them; `allocation` is an Allocation or None)."""
+
+    job_id: int
+    old: State
+    new: State
+    at: float
+    kind: str
+    message: str
+    fields: dict
+
+
+@dataclass(frozen=True, slots=True)
+class Rejected:
+    event: object
+    code: str  # "not-found", "conflict" or "stale"
+    message: str
+
+
+@dataclass(slots=True)
+class Output:
+    transitions: list[Transition] = field(default_factory=list)
+    instructions: list[Instruction] = field(default_factory=list)
+    rejected: list[Rejected] = field(default_factory=list)
+    checkpoints: list[JobState] = field(default_factory=list)  # jobs whose checkpoint moved
+    policy_s: float = 0.0  # seconds the policy took in this step
+
+
+@dataclass(slots=True)
+class _Run:
+    """The current attempt's accounting, from its launch."""
+
+    start: float  # launched
+    t0: float  # progress begins
+    rate: float
+    every: float  # declared checkpoint cadence (0: reported as events)
+    base_progress: float
+    base_attained: float
+    base_executed: float
+    gpus: float
+
+
+class Owner:
+    def __init__(self, cluster: Cluster, policy: Policy, config: SchedConfig | None = None, *,
+                 validate: bool = False, keep_finished: bool = True,
+                 on_pass: Callable[[Decisions, float], None] | None = None) -> None:
+        self.cluster, self.policy = cluster, policy
+        self.config = config or SchedConfig()
+        self.validate, self.keep_finished, self.on_pass = validate, keep_finished, on_pass
+        self.state = ClusterState(cluster)  # the plan
+        self.held = ClusterState(cluster)  # what launched attempts hold
+        self.jobs: dict[int, JobState] = {}  # active jobs (and finished ones if keep_finished)
+        self.pending: SortedKeyList = SortedKeyList(key=policy.order)
+        self.running: dict[int, JobState] = {}  # RUNNING in the plan (launched or not)
+        self.waiting_launch: dict[int, JobState] = {}  # RUNNING, Launch held back for room
+        self.runs: dict[int, _Run] = {}
+        self.next_start: dict[int, tuple[Allocation, str, str | None]] = {}  # stopping -> restart
+        self.stop_why: dict[int, tuple[StopReason, bool]] = {}  # STOPPING: why, and saving?
+        self.deadlines: dict[int, float] = {}
+        self.wake_at: float | None = None
+        self.reasons: dict[int, str] = {}
+        self.passes = self.preemptions = 0
+        self.lost_work = 0.0
+        # What happened since the last pass, to decide whether one is worth running.
+        self._freed = self._arrived = self._pass_due = False
+        self._arrived_gpu_only = True
+        self._touched_at = -math.inf
+        self._out = Output()
+
+    # --- the one entry point ------------------------------------------------------------------
+
+    def handle(self, events: Iterable[Event], now: float, *, schedule: bool = True) -> Output:
+        """Apply `events` at `now`, fire due timers, and (with `schedule`) run a scheduling pass
+        if anything it could act on changed. Returns what the shells must carry out."""
+        out = self._out
+        for ev in events:
+            self._on(ev, now)
+        for jid in [j for j, t in self.deadlines.items() if now >= t]:
+            js = self.running[jid]
+            self._stop(js, now, StopReason.TIMEOUT,
+                       f"time limit of {js.job.time_limit:g} s reached")
+        if schedule and self.pass_needed(now):
+            self._schedule(now)
+        self._launch_waiting(now)
+        if self.validate:
+            self.check()
+        self._out = Output()
+        return out
+
+    def pass_needed(self, now: float) -> bool:
+        """Whether a pass could change anything: a timer is due, resources were freed in the
+        plan, or jobs arrived that could start (under a non-preemptive policy, an arrival to a
+        full cluster cannot)."""
+        if self._pass_due or (self.wake_at is not None and now >= self.wake_at):
+            return True
+        preemptive = self.policy.preemptive
+        if self._freed and (self.pending or preemptive):
+            return True
+        return self._arrived and (preemptive or not self._arrived_gpu_only
+                                  or self.state.free_milli > 0)
+
+    def next_timer(self) -> float | None:
+        """When `handle` should next be called even if no event comes."""
+        t = min(self.deadlines.values(), default=math.inf)
+        if self.wake_at is not None:
+            t = min(t, self.wake_at)
+        return None if math.isinf(t) else t
+
+    @classmethod
+    def from_snapshot(cls, snap: Snapshot, policy: Policy | None = None) -> Owner:
+        """An owner holding copies of a snapshot's jobs and its cluster state (to check a
+        pass's decisions in isolation: `plinth.sched.validate`)."""
+        owner = cls(snap.cluster, policy or Policy(), snap.config)
+        owner.state, owner.held = snap.state.copy(), snap.state.copy()
+        for js in snap.pending:
+            c = dataclasses.replace(js)
+            owner.jobs[c.id] = c
+            owner.pending.add(c)
+        for js in snap.running.values():
+            c = dataclasses.replace(js, status=State.RUNNING)
+            owner.jobs[c.id] = c
+            owner.running[c.id] = c
+            start = c.start_time if c.start_time is not None else 0.0
+            owner.runs[c.id] = _Run(start, start, c.rate or 1.0, 0.0, c.progress, c.attained,
+                                    c.executed, c.job.request.num_gpus)
+        return owner
+
+    def apply(self, d: Decisions, now: float) -> Output:
+        """Apply one pass's decisions (as `handle` does after calling the policy)."""
+        self._apply(d, now)
+        self._launch_waiting(now)
+        out, self._out = self._out, Output()
+        return out
+
+    def request_pass(self) -> None:
+        """Run a pass at the next `handle`, whatever changed (a shell's last chance)."""
+        self._pass_due = True
+
+    def set_policy(self, policy: Policy, cluster: Cluster) -> None:
+        """A new policy (tenant quotas changed); the nodes stay the same."""
+        self.policy, self.cluster = policy, cluster
+        self.state.cluster = self.held.cluster = cluster
+        self.pending = SortedKeyList(list(self.pending), key=policy.order)
+        self._pass_due = True
+
+    # --- events -------------------------------------------------------------------------------
+
+    def _on(self, ev: Event, now: float) -> None:
+        if type(ev) is Submitted:
+            self._submit(ev.job)
+            return
+        js = self.jobs.get(ev.job_id)
+        if js is None or js.status.terminal:
+            code = "not-found" if js is None else "conflict"
+            what = "not found" if js is None else f"has already finished ({js.status.value})"
+            self._reject(ev, code, f"job {ev.job_id} {what}")
+            return
+        if type(ev) is Cancelled:
+            self._cancel(js, now, ev.message)
+            return
+        if ev.attempt != js.attempt or js.id not in self.runs:
+            self._reject(ev, "stale", f"job {js.id}: {_kind(ev)} for attempt {ev.attempt} "
+                         f"ignored: the job is {js.status.value}, attempt {js.attempt}"
+                         + ("" if js.id in self.runs else ", not launched"))
+            return
+        if type(ev) is Started:
+            run = self.runs[js.id]
+            run.t0, run.rate, run.every = max(ev.at, run.start), ev.rate, ev.checkpoint_every
+            js.rate = ev.rate
+        elif type(ev) is CheckpointSaved:
+            js.checkpointed = max(js.checkpointed,
+                                  self._progress_at(js, self.runs[js.id], ev.at))
+            js.checkpoint_time, js.checkpoint_step = ev.at, ev.step
+            self._out.checkpoints.append(js)
+        elif type(ev) is Exited:
+            self._exited(js, now, ev.exit_code, f"exit code {ev.exit_code}"
+                         + (f" ({ev.message})" if ev.message else ""))
+        elif type(ev) is Lost:
+            self._exited(js, now, None, ev.message, kind="lost")
+        elif type(ev) is LaunchFailed:
+            self._exited(js, now, None, ev.message, kind="launch-failed")
+        else:  # pragma: no cover
+            raise TypeError(f"not an owner event: {ev!r}")
+
+    def _reject(self, ev: object, code: str, message: str) -> None:
+        self._out.rejected.append(Rejected(ev, code, message))
+
+    def _submit(self, job: Job) -> None:
+        if job.id in self.jobs:
+            self._reject(Submitted(job), "conflict", f"job {job.id} was already submitted")
+            return
+        js = JobState(job, pending_since=job.submit_time)
+        self.jobs[job.id] = js
+        self._queue(js)
+
+    def _queue(self, js: JobState) -> None:
+        self.pending.add(js)
+        self._arrived = True
+        if js.job.request.gpu_milli_total == 0:
+            self._arrived_gpu_only = False
+
+    def _cancel(self, js: JobState, now: float, message: str) -> None:
+        if js.status is State.PENDING:
+            self.pending.remove(js)
+            self._finish(js, State.CANCELLED, now, "cancelled", f"{message} while pending")
+        elif js.status is State.RUNNING:
+            self._stop(js, now, StopReason.CANCEL, message)
+        elif self.stop_why[js.id][0] is not StopReason.CANCEL:
+            # Stopping to be requeued or moved: it ends as cancelled instead.
+            if self.stop_why[js.id][0] is StopReason.PREEMPT:
+                if js.id in self.next_start:
+                    alloc = self.next_start.pop(js.id)[0]
+                    self.state.release(alloc, js.job.request)
+                    self._freed = True
+                else:
+                    self.pending.remove(js)
+            self.stop_why[js.id] = (StopReason.CANCEL, False)
+            self._note(js, now, "cancel", message, stop_reason=StopReason.CANCEL.value)
+
+    def _exited(self, js: JobState, now: float, code: int | None, detail: str,
+                kind: str = "") -> None:
+        """The attempt's processes are gone (`code` None: lost, or never launched)."""
+        why = self.stop_why.pop(js.id, None)
+        requeue = why is not None and why[0] is StopReason.PREEMPT
+        if requeue and js in self.pending:
+            self.pending.remove(js)  # its sort key may change with the accounting below
+        run = self.runs.pop(js.id, None)
+        if run is not None:
+            self._account(js, run, now)
+            self.held.release(js.allocation, js.job.request)  # type: ignore[arg-type]
+        if js.status is State.RUNNING:  # ended on its own: free in the plan too
+            self.state.release(js.allocation, js.job.request)  # type: ignore[arg-type]
+            del self.running[js.id]
+            self.deadlines.pop(js.id, None)
+            self._freed = True
+        js.rate = 0.0  # a finished job keeps its last allocation, to show where it ran
+        if requeue:
+            self._requeued(js, now, kind or "preempted", detail)
+        elif why is not None:
+            target = State.CANCELLED if why[0] is StopReason.CANCEL else State.TIMEOUT
+            self._finish(js, target, now, target.value, detail, exit_code=code)
+        elif kind == "lost":
+            self._requeue(js, now, "lost", detail)
+        elif kind == "launch-failed":
+            self._finish(js, State.FAILED, now, kind, detail)
+        elif code == 0:
+            js.progress = max(js.progress, js.job.duration)
+            self._finish(js, State.SUCCEEDED, now, "succeeded", detail, exit_code=0)
+        elif js.attempt <= js.job.retries:
+            self._requeue(js, now, "retry", f"{detail}; retry {js.attempt} of "
+                          f"{js.job.retries}", exit_code=code)
+        else:
+            self._finish(js, State.FAILED, now, "failed", detail, exit_code=code)
+
+    # --- a pass -------------------------------------------------------------------------------
+
+    def _schedule(self, now: float) -> None:
+        self._freed = self._arrived = self._pass_due = False
+        self._arrived_gpu_only = True
+        if self.wake_at is not None and now >= self.wake_at:
+            self.wake_at = None  # fired
+        d = self._pass(now)
+        if d.preempts and not d.starts:
+            self._pass(now)  # preemption only freed resources: plan again at once to use them
+
+    def _pass(self, now: float) -> Decisions:
+        if now != self._touched_at:  # a second pass at the same instant finds them current
+            for js in self.running.values():
+                self._touch(js, now)
+            self._touched_at = now
+        snap = Snapshot(self.cluster, self.state, self.pending, self.running, self.config)
+        t0 = time.perf_counter()
+        d = self.policy.schedule(snap, now)
+        self._out.policy_s += time.perf_counter() - t0
+        self.passes += 1
+        # The earliest wake-up asked for since the last one fired: a later pass that asks for
+        # none (or a later one) does not cancel it.
+        if d.wake_at is not None and d.wake_at > now and (self.wake_at is None
+                                                          or d.wake_at < self.wake_at):
+            self.wake_at = d.wake_at
+        self._apply(d, now)
+        if self.on_pass is not None:
+            self.on_pass(d, now)
+        return d
+
+    def _apply(self, d: Decisions, now: float) -> None:
+        """The one applier of scheduler decisions. Every stop is planned before any start, so
+        a cycle of moves (a swap) applies as well as a chain."""
+        running, name = self.running, self.policy.name
+        for p in d.preempts:
+            js = running.get(p.job_id)
+            if js is None or not js.job.preemptible:
+                raise AssertionError(f"policy {name}: cannot preempt job {p.job_id} "
+                                     f"({'not preemptible' if js else 'not running'})")
+            self._stop(js, now, StopReason.PREEMPT, p.reason, checkpoint=p.checkpoint)
+        moves = []
+        for r in d.resizes:
+            js = running.get(r.job_id)
+            if js is None:
+                raise AssertionError(f"policy {name}: cannot move job {r.job_id}: not running")
+            self._stop(js, now, StopReason.PREEMPT, r.reason, checkpoint=True, moved=True)
+            moves.append((js, r.allocation, r.reason, r.model))
+        for js, alloc, reason, model in moves:
+            self._start(js, alloc, reason, model, now)
+        jobs = self.jobs
+        for s in d.starts:
+            js = jobs.get(s.job_id)
+            if js is None or js.id in running or js.id in self.next_start or \
+                    js.status not in (State.PENDING, State.STOPPING):
+                raise AssertionError(f"policy {name}: cannot start job {s.job_id}: "
+                                     f"{js.status.value if js else 'unknown'}")
+            self._start(js, s.allocation, s.reason, s.model, now)
+        reasons = self.reasons
+        for jid, why in d.waiting.items():
+            js = jobs.get(jid)
+            if js is not None and js.status is State.PENDING:
+                if jid in running:
+                    raise AssertionError(f"policy {name}: job {jid} both started and waiting")
+                js.reason = reasons[jid] = why
+
+    # --- transitions --------------------------------------------------------------------------
+
+    def _move(self, js: JobState, new: State, now: float, kind: str, message: str,
+              **fields: object) -> None:
+        check_transition(js.id, js.status, new)
+        self._out.transitions.append(Transition(js.id, js.status, new, now, kind, message,
+                                                fields))
+        js.status = new
+
+    def _note(self, js: JobState, now: float, kind: str, message: str, **fields: object) -> None:
+        """A change that is not a lifecycle move (the shells store it all the same)."""
+        self._out.transitions.append(Transition(js.id, js.status, js.status, now, kind, message,
+                                                fields))
+
+    def _start(self, js: JobState, alloc: Allocation, reason: str, model: str | None,
+               now: float) -> None:
+        """Take `alloc` in the plan. A stopping job restarts on it once it has exited."""
+        self.state.allocate(alloc, js.job.request)
+        if model is None and alloc.slots and alloc.slots[0].gpus:
+            model = self.cluster.nodes[alloc.slots[0].node].gpu_model
+        if js.status is State.STOPPING:
+            if js in self.pending:  # a preempted job, planned pending (not one being moved)
+                self.pending.remove(js)
+            self.next_start[js.id] = (alloc, reason, model)
+            return
+        self.pending.remove(js)
+        self._run(js, alloc, reason, model, now)
+
+    def _run(self, js: JobState, alloc: Allocation, reason: str, model: str | None,
+             now: float) -> None:
+        """PENDING -> RUNNING on `alloc` (already taken in the plan); launched once held."""
+        js.attempt += 1
+        self._move(js, State.RUNNING, now, "started", f"attempt {js.attempt}: {reason}",
+                   start_time=now, attempt=js.attempt, allocation=alloc, stop_reason=None,
+                   reason=reason)
+        js.allocation, js.model, js.reason = alloc, model, reason
+        js.start_time = now
+        if js.first_start is None:
+            js.first_start = now
+        self.reasons.pop(js.id, None)
+        self.running[js.id] = js
+        self.waiting_launch[js.id] = js
+
+    def _launch_waiting(self, now: float) -> None:
+        """Launch, in the order they were decided, the started jobs whose resources are free."""
+        if not self.waiting_launch:
+            return
+        held, out = self.held, self._out.instructions
+        for jid, js in list(self.waiting_launch.items()):
+            alloc, req = js.allocation, js.job.request
+            if not held.fits(alloc, req):  # type: ignore[arg-type]
+                js.reason = self.reasons[jid] = WAITING_FOR_RELEASE
+                continue
+            del self.waiting_launch[jid]
+            held.allocate(alloc, req)  # type: ignore[arg-type]
+            if js.reason is WAITING_FOR_RELEASE:
+                self.reasons.pop(jid, None)
+                js.reason = "launched once stopping jobs had released its resources"
+                self._note(js, now, "launched", js.reason)
+            js.start_time = now  # the run is charged from its launch
+            self.runs[jid] = _Run(now, now, 0.0, 0.0, js.progress, js.attained, js.executed,
+                                  req.num_gpus)
+            if js.job.time_limit:
+                self.deadlines[jid] = now + js.job.time_limit
+            out.append(Launch(jid, js.attempt, alloc, js.reason, js.model))  # type: ignore[arg-type]
+
+    def _stop(self, js: JobState, now: float, reason: StopReason, message: str, *,
+              checkpoint: bool = False, moved: bool = False) -> None:
+        """Ask a running job to stop. Its resources are free in the plan at once."""
+        self._touch(js, now)
+        self.state.release(js.allocation, js.job.request)  # type: ignore[arg-type]
+        del self.running[js.id]
+        self.deadlines.pop(js.id, None)
+        if reason is not StopReason.PREEMPT:  # a pass's own preemptions are in its plan
+            self._freed = True
+        self._move(js, State.STOPPING, now, "move" if moved else f"stop-{reason.value}",
+                   message, stop_reason=reason.value)
+        self.stop_why[js.id] = (reason, checkpoint)
+        if reason is StopReason.PREEMPT and not moved:
+            js.preemptions += 1
+            js.last_preempted = js.pending_since = now
+            self.preemptions += 1
+            self.pending.add(js)  # planned as pending again from now on
+        if self.waiting_launch.pop(js.id, None) is not None:  # never launched: nothing to stop
+            self._exited(js, now, None, "stopped before its launch")
+            return
+        self._out.instructions.append(Stop(js.id, js.attempt, reason, message, checkpoint))
+
+    def _requeued(self, js: JobState, now: float, kind: str, message: str) -> None:
+        """A preempted or moved job has exited: it restarts where the plan put it, or queues."""
+        self._rewind(js)
+        self._move(js, State.PENDING, now, kind, message, allocation=None, stop_reason=None,
+                   preemptions=js.preemptions, reason=f"requeued ({kind})")
+        js.start_time = js.allocation = None
+        restart = self.next_start.pop(js.id, None)
+        if restart is None:
+            self.pending.add(js)  # it was planned pending; only its sort key moved
+        else:
+            self._run(js, *restart, now)
+
+    def _requeue(self, js: JobState, now: float, kind: str, message: str, **fields: object
+                 ) -> None:
+        """A running job ended on its own and goes back to the queue (lost, retry)."""
+        self._rewind(js)
+        why = f"requeued after {kind}: {message}"
+        self._move(js, State.PENDING, now, kind, message, allocation=None, stop_reason=None,
+                   reason=why, **fields)
+        js.pending_since, js.start_time, js.allocation = now, None, None
+        js.reason = self.reasons[js.id] = why
+        self._queue(js)
+
+    def _rewind(self, js: JobState) -> None:
+        """It will resume from its last checkpoint: the work since then is lost (none, when it
+        saved as it was asked to stop)."""
+        self.lost_work += max(0.0, js.progress - js.checkpointed)
+        js.progress = js.checkpointed
+
+    def _finish(self, js: JobState, state: State, now: float, kind: str, message: str,
+                **fields: object) -> None:
+        self._move(js, state, now, kind, message, end_time=now, reason=message, **fields)
+        js.end_time, js.reason = now, message
+        self.reasons.pop(js.id, None)
+        if not self.keep_finished:
+            del self.jobs[js.id]
+
+    # --- accounting ---------------------------------------------------------------------------
+
+    def _progress_at(self, js: JobState, run: _Run, t: float) -> float:
+        ran = t - run.t0
+        progress = run.base_progress + run.rate * ran if ran > 0 else run.base_progress
+        duration = js.job.duration
+        return progress if progress < duration else duration
+
+    def _account(self, js: JobState, run: _Run, now: float) -> None:
+        js.progress = self._progress_at(js, run, now)
+        ran = now - run.start
+        js.attained = run.base_attained + run.gpus * ran
+        js.executed = run.base_executed + ran
+        if run.every > 0:
+            saved = periodic_checkpoint(js.progress, js.checkpointed, run.every)
+            if saved != js.checkpointed:
+                js.checkpointed = saved
+                js.checkpoint_time = run.t0 + (saved - run.base_progress) / run.rate
+
+    def _touch(self, js: JobState, now: float) -> None:
+        run = self.runs.get(js.id)
+        if run is not None:
+            self._account(js, run, now)
+
+    # --- restoring after a restart ------------------------------------------------------------
+
+    def restore(self, js: JobState, now: float, *, stop: StopReason | None = None) -> None:
+        """Take back a job an earlier owner had (the control plane's recovery). A PENDING job
+        queues; a RUNNING or STOPPING one (with `js.allocation`, `attempt` and `start_time`)
+        holds its allocation in both views, as launched at `js.start_time`."""
+        self.jobs[js.id] = js
+        if js.status is State.PENDING:
+            self.pending.add(js)
+            self._arrived = True
+            return
+        alloc, req = js.allocation, js.job.request
+        self.held.allocate(alloc, req)  # type: ignore[arg-type]
+        start = js.start_time if js.start_time is not None else now
+        self.runs[js.id] = _Run(start, start, 1.0, 0.0, js.progress, js.attained, js.executed,
+                                req.num_gpus)
+        js.rate = 1.0
+        if js.status is State.RUNNING:
+            self.state.allocate(alloc, req)  # type: ignore[arg-type]
+            self.running[js.id] = js
+            if js.job.time_limit:
+                self.deadlines[js.id] = start + js.job.time_limit
+        else:
+            self.stop_why[js.id] = (stop or StopReason.PREEMPT, False)
+            if self.stop_why[js.id][0] is StopReason.PREEMPT:
+                self.pending.add(js)
+
+    # --- invariants ---------------------------------------------------------------------------
+
+    def check(self) -> None:
+        """The invariants, for tests and the simulator's validate mode."""
+        self.state.check()
+        self.held.check()
+        plan, held = ClusterState(self.cluster), ClusterState(self.cluster)
+        in_pending = {js.id for js in self.pending}
+        ending = {j for j, (r, _) in self.stop_why.items() if r is not StopReason.PREEMPT}
+        assert len(in_pending) == len(self.pending), "a job is queued twice"
+        for jid, js in self.jobs.items():
+            where = [name for name, box in (("pending", in_pending), ("running", self.running),
+                                            ("stopping-to-end", ending)) if jid in box]
+            expect = {State.PENDING: ["pending"], State.RUNNING: ["running"]}.get(js.status)
+            if js.status is State.STOPPING:
+                expect = ["pending"] if self.stop_why[jid][0] is StopReason.PREEMPT and \
+                    jid not in self.next_start else \
+                    ([] if jid in self.next_start else ["stopping-to-end"])
+            if js.status.terminal:
+                expect = []
+            assert where == expect, f"job {jid} ({js.status.value}) is in {where}, not {expect}"
+            if js.status is State.RUNNING:
+                _check_gang(js)
+                plan.allocate(js.allocation, js.job.request)  # type: ignore[arg-type]
+            if jid in self.next_start:
+                plan.allocate(self.next_start[jid][0], js.job.request)
+            if jid in self.runs:
+                held.allocate(js.allocation, js.job.request)  # type: ignore[arg-type]
+        for mine, want, name in ((self.state, plan, "plan"), (self.held, held, "held")):
+            assert (mine.gpu_free_milli == want.gpu_free_milli).all(), f"{name} GPUs drifted"
+            assert (mine.node_free_cpu == want.node_free_cpu).all(), f"{name} CPUs drifted"
+
+
+def periodic_checkpoint(progress: float, saved: float, every: float) -> float:
+    """The progress saved by a job that checkpoints every `every` units of work (at multiples
+    of `every`), given what it had saved before. Shared with the simulated runtime, so that the
+    owner's view and the simulated process agree exactly."""
+    if progress - saved >= every:
+        return math.floor(progress / every) * every
+    return saved
+
+
+def _check_gang(js: JobState) -> None:
+    req, alloc = js.job.request, js.allocation
+    assert alloc is not None and len(alloc.slots) == req.workers, \
+        f"job {js.id}: gang of {req.workers} got {0 if alloc is None else len(alloc.slots)} slots"
+    for slot in alloc.slots:
+        gpus = req.gpus if req.gpus else (1 if req.gpu_milli else 0)
+        milli = MILLI if req.gpus else req.gpu_milli
+        assert len(slot.gpus) == gpus and (not gpus or slot.milli == milli), \
+            f"job {js.id}: slot {slot} does not match its request {req}"
+
+
+def _kind(ev: object) -> str:
+    return {"CheckpointSaved": "checkpoint report", "Started": "start report",
+            "Exited": "exit report", "Lost": "loss report",
+            "LaunchFailed": "launch failure"}.get(type(ev).__name__, type(ev).__name__)
