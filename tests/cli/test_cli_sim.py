@@ -94,3 +94,111 @@ def test_alibaba_replay_reports_the_allocation_ratio_at_first_failure(tmp_path):
     row = json.loads((tmp_path / "a.json").read_text())[0]
     assert row["gpu_alloc_ratio_at_first_failure"] == pytest.approx(0.6)
     assert KEYS <= row.keys() and row["jobs"] == 6
+
+
+# -- the same workload as other simulators: job types, a throughput matrix, rounds -----------
+
+TYPES = ("ResNet-50 (batch size 64)", "A3C")
+
+
+@pytest.fixture
+def typed_trace(tmp_path):
+    """60 one-GPU jobs of two types, arriving faster than 4 GPUs finish them."""
+    lines = ["job_id,submit_time,duration,num_gpus,job_type"]
+    for i in range(60):
+        lines.append(f"j{i},{i * 30},{600 + (i * 37) % 900},1,{TYPES[i % 2]}")
+    path = tmp_path / "typed.csv"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def matrix(tmp_path, name: str, k80: tuple[float, float]) -> str:
+    """A CSV matrix: throughputs on a V100 and a K80 for each of TYPES."""
+    path = tmp_path / name
+    path.write_text("job_type,V100,K80\n" + "".join(
+        f"{t},10,{10 * s}\n" for t, s in zip(TYPES, k80)))
+    return str(path)
+
+
+def sim_rows(tmp_path, trace, *args, name="r.json"):
+    out = tmp_path / name
+    r = plinth("sim", "--trace", str(trace), "--cluster", "1x2xV100,1x2xK80", "--json",
+               str(out), "--out", "", *args)
+    assert r.returncode == 0, r.stderr
+    return {row["policy"]: row for row in json.loads(out.read_text())}
+
+
+def test_rounds_and_throughputs_are_in_every_row(tmp_path, typed_trace):
+    gavel = json.dumps({"v100": {f"('{TYPES[0]}', 1)": {"null": 10.0}, f"('{TYPES[1]}', 1)": 4.0},
+                        "k80": {f"('{TYPES[0]}', 1)": {"null": 1.0}, f"('{TYPES[1]}', 1)": 3.0}})
+    (tmp_path / "gavel.json").write_text(gavel)
+    rows = sim_rows(tmp_path, typed_trace, "--compare", "gavel,themis,fifo", "--throughputs",
+                    str(tmp_path / "gavel.json"), "--rounds", "120")
+    for name in ("gavel", "themis"):
+        assert rows[name]["rounds"] == "120 s" and rows[name]["round_s"] == 120
+    assert rows["fifo"]["rounds"] is None and rows["fifo"]["round_s"] is None
+    assert {row["throughputs"] for row in rows.values()} == {str(tmp_path / "gavel.json")}
+    assert all(row["completed"] == 60 for row in rows.values())
+    default = sim_rows(tmp_path, write_untyped(tmp_path), "--policy", "gavel",
+                       name="d.json")["gavel"]
+    assert default["rounds"] == "360 s" and default["throughputs"] == "built-in"
+
+
+def write_untyped(tmp_path):
+    path = tmp_path / "untyped.csv"
+    path.write_text("job_id,submit_time,duration,num_gpus\n" + "".join(
+        f"u{i},{i * 60},900,1\n" for i in range(20)))
+    return path
+
+
+def test_rounds_off_reallocates_at_every_event(tmp_path, typed_trace):
+    thr = matrix(tmp_path, "m.csv", (0.1, 0.75))
+    rounds = sim_rows(tmp_path, typed_trace, "--compare", "gavel,themis", "--throughputs", thr)
+    off = sim_rows(tmp_path, typed_trace, "--compare", "gavel,themis", "--throughputs", thr,
+                   "--rounds", "off", name="off.json")
+    for name in ("gavel", "themis"):
+        assert off[name]["rounds"] == "off (every event)" and off[name]["round_s"] == 0
+        assert off[name]["completed"] == 60
+        # Without rounds nobody waits for a lease to end: no round-end wake-ups, so the
+        # replay is a different one (fewer passes).
+        assert off[name]["passes"] < rounds[name]["passes"]
+
+
+def test_a_heterogeneous_result_follows_the_matrix(tmp_path, typed_trace):
+    # The same trace and cluster; only the K80's speed for each job type differs.
+    a = sim_rows(tmp_path, typed_trace, "--compare", "gavel,themis", "--throughputs",
+                 matrix(tmp_path, "a.csv", (0.1, 0.9)), name="a.json")
+    b = sim_rows(tmp_path, typed_trace, "--compare", "gavel,themis", "--throughputs",
+                 matrix(tmp_path, "b.csv", (0.9, 0.1)), name="b.json")
+    for name in ("gavel", "themis"):
+        assert (a[name]["avg_jct_s"], a[name]["preemptions"]) != \
+            (b[name]["avg_jct_s"], b[name]["preemptions"]), name
+
+
+@pytest.mark.parametrize("content, suffix, needle", [
+    ('{"v100": {"A3C": {"null": -2}}}', "json", "v100 -> A3C -> null: expected a positive "
+                                                "throughput, got -2"),
+    ("job_type,V100,K80\nA3C,4,x\n", "csv", ":2: A3C,K80: expected a positive throughput, "
+                                            "got 'x'"),
+    ("job_type,V100\nsomething-else,1\n", "csv", "job type 'A3C' (line 3) is not in the "
+                                                 "throughputs"),
+])
+def test_bad_throughputs_are_one_line(tmp_path, content, suffix, needle):
+    trace = tmp_path / "t.csv"
+    trace.write_text("job_id,submit_time,duration,num_gpus,job_type\n"
+                     "a,0,100,1,\nb,5,100,1,A3C\n")
+    thr = tmp_path / f"thr.{suffix}"
+    thr.write_text(content)
+    r = plinth("sim", "--trace", str(trace), "--cluster", "2x8xV100", "--policy", "gavel",
+               "--throughputs", str(thr), "--out", "")
+    assert r.returncode == 2, r.stdout + r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and needle in lines[0], r.stderr
+
+
+def test_bad_rounds_is_one_line(trace):
+    r = plinth("sim", "--trace", str(trace), "--cluster", "4x8xV100", "--policy", "gavel",
+               "--rounds", "soon", "--out", "")
+    assert r.returncode == 2
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "--rounds" in lines[0] and "'soon'" in lines[0], r.stderr

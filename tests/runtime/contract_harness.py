@@ -6,17 +6,22 @@ itself to `HARNESSES`:
 
 - `LocalHarness` turns a scenario into a real command (scenario_worker.py, which acts it out with
   the job SDK) and advances real time, polling the runtime.
-- A simulated runtime's harness turns a scenario into its virtual job's script (it exits at
-  `duration_s` with `exit_code`, saves at `checkpoints`, ignores SIGTERM until the grace ends,
-  vanishes) and advances virtual time; its `worker_env` returns the environment the runtime would
-  set (plinth.runtime.local.gang_env computes it for any LaunchSpec).
+- `SimHarness` turns a scenario into the simulated job's script (a `SimBehaviour` per rank: it
+  exits at `duration_s` with `exit_code`, saves at `checkpoints`, ignores SIGTERM until the grace
+  ends, vanishes) and advances virtual time, stepping to the instant of every event; its
+  `worker_env` is the environment the runtime would set (`SimRuntime.worker_env`, which is
+  plinth.runtime.base.gang_env on the workers of the allocation). The simulated runtime speaks
+  the owner's events; `runtime_event` turns them into the RuntimeEvents the suite checks.
 
 Times in a scenario count from the moment `launch` returns; `launch` returns once every worker
 acts the scenario out (for real processes: once each has installed its SIGTERM handler).
+`seen_at(event)` is when the harness got an event, on the runtime's clock: a real runtime's is
+late by up to its polling (`late_s`), a virtual one's is the instant it happened.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import time
@@ -26,7 +31,14 @@ from dataclasses import asdict, dataclass, field
 from itertools import count
 from pathlib import Path
 
+from plinth.core.resources import Allocation, Cluster, Node, Request, WorkerSlot
+from plinth.core.throughput import FIXED_SPEED
+from plinth.core.workload import Job
 from plinth.runtime import EventKind, Handle, LaunchSpec, LocalRuntime, RuntimeEvent, WorkerLaunch
+from plinth.runtime.sim import SimBehaviour, SimRuntime
+from plinth.sched.lifecycle import StopReason
+from plinth.sched.owner import CheckpointSaved, Event, Exited, Launch, Lost, Started, Stop
+from plinth.sched.types import SchedConfig
 
 FOREVER_S = 3600.0  # a duration that only a stop ends
 TERMINAL = (EventKind.EXITED, EventKind.LOST)
@@ -64,10 +76,15 @@ class Harness(ABC):
     name: str
     tick_s: float = 0.05  # how far `run_until` advances per step
     timeout_s: float = 60.0  # how long `run_until` waits (runtime clock) before failing
+    # How far `seen_at` may be from the instant an event was due (timing checks): before it
+    # (clock granularity), and after it (polling, a loaded machine).
+    early_s: float = 0.0
+    late_s: float = 0.0
 
     def __init__(self) -> None:
         self.launched: list[Handle] = []
         self._seen: list[RuntimeEvent] = []
+        self._seen_at: list[float] = []
 
     # -------------------------------------------------------------- what each runtime provides
 
@@ -112,8 +129,14 @@ class Harness(ABC):
 
     def events(self) -> list[RuntimeEvent]:
         """Every event so far, in the order the runtime delivered them (across restarts)."""
-        self._seen += self._poll()
+        new = self._poll()
+        self._seen += new
+        self._seen_at += [self.now()] * len(new)
         return list(self._seen)
+
+    def seen_at(self, event: RuntimeEvent) -> float:
+        """When `events` first returned this very event, on the runtime's clock."""
+        return next(t for e, t in zip(self._seen, self._seen_at, strict=True) if e is event)
 
     def events_of(self, handle: Handle) -> list[RuntimeEvent]:
         return [e for e in self.events() if key(e) == key(handle)]
@@ -160,6 +183,8 @@ class LocalHarness(Harness):
 
     name = "local"
     FAKE_GPUS = "4xA100"
+    early_s = 0.05  # time.time against the runtime's monotonic deadlines
+    late_s = 10.0  # a 50 ms watcher and polling, on a shared machine
 
     def __init__(self, tmp: Path) -> None:
         super().__init__()
@@ -234,5 +259,122 @@ class LocalHarness(Harness):
         return self.dir / f"report-j{job_id}-a{attempt}"
 
 
+class SimHarness(Harness):
+    """The simulated runtime in virtual time, on one node of 4 A100s (as LocalHarness's fake
+    ones). Each launch's scenario becomes its behaviour; `advance` steps the virtual clock to
+    each event's instant, so `seen_at` is exact and timing holds to the float."""
+
+    name = "sim"
+    early_s = late_s = 1e-9
+
+    def __init__(self, tmp: Path) -> None:
+        super().__init__()
+        self.cluster = Cluster((Node("sim-0", 64_000, 256_000, "A100", 4),), name="contract")
+        self.jobs: dict[int, Job] = {}
+        self.scripts: dict[tuple[int, int], SimBehaviour] = {}
+        self.envs: dict[tuple[int, int], dict[int, dict[str, str]]] = {}
+        self.ck_root = tmp / "ck"
+        self.t = 0.0
+        # A scenario acts out its script from the launch: no restore time before it.
+        self.rt = SimRuntime(self.cluster, SchedConfig(restore_overhead=0.0), self.jobs,
+                             behaviour=lambda job, attempt: self.scripts[(job.id, attempt)],
+                             checkpoint_root=str(self.ck_root))
+        self._queue: list[RuntimeEvent] = []
+
+    def launch(self, scenario: Scenario, *, workers: int = 1, gpus_per_worker: int = 0,
+               job_id: int | None = None, attempt: int = 1) -> Handle:
+        job_id = next(_JOB_IDS) if job_id is None else job_id
+        g = gpus_per_worker
+        alloc = Allocation(tuple(WorkerSlot(0, tuple(range(r * g, (r + 1) * g)))
+                                 for r in range(workers)))
+        # At fixed speed, so that its work takes `duration_s`; each rank exits on its script.
+        self.jobs[job_id] = Job(job_id, self.t, scenario.duration_s,
+                                Request(gpus=g, workers=workers), job_type=FIXED_SPEED)
+        self.scripts[(job_id, attempt)] = sim_behaviour(scenario, workers)
+        model = self.cluster.nodes[0].gpu_model if g else None
+        started = self.rt.execute([Launch(job_id, attempt, alloc, "contract test", model)],
+                                  self.t)
+        # A real runtime's launch returning is the start: Started has no RuntimeEvent.
+        assert [(type(e), e.at) for e in started] == [(Started, self.t)], started
+        self.envs[(job_id, attempt)] = self.rt.worker_env(job_id, attempt)
+        h = Handle(job_id, attempt, (), self.checkpoint_dir_of(job_id))
+        self.launched.append(h)
+        return h
+
+    def stop(self, handle: Handle, grace_s: float) -> None:
+        stop = Stop(handle.job_id, handle.attempt, StopReason.CANCEL, "contract test")
+        self._take(self.rt.execute([stop], self.t, grace_s=grace_s))
+
+    def advance(self, seconds: float) -> None:
+        self.events()  # what came before this instant (a stop's, an adoption's) is of it
+        end = self.t + seconds
+        while (t := self.rt.next_time()) is not None and t <= end:
+            self.t = max(self.t, t)
+            self._take(self.rt.advance(self.t))
+            self.events()  # stamped with the instant they happened
+        self.t = end
+
+    def now(self) -> float:
+        return self.t
+
+    def worker_env(self, handle: Handle, rank: int) -> dict[str, str]:
+        return self.envs[key(handle)][rank]
+
+    def checkpoint_dir(self, handle: Handle) -> str:
+        return self.checkpoint_dir_of(handle.job_id)
+
+    def checkpoint_dir_of(self, job_id: int) -> str:
+        return str(self.ck_root / str(job_id))
+
+    def restart(self, down_s: float = 0.0) -> None:
+        self.events()  # what the old runtime delivered before it went down
+        self.rt = self.rt.restart()
+        self.t += down_s  # the processes run on; no runtime watches them
+        ended = {key(e) for e in self._seen if e.kind in TERMINAL}
+        for h in self.launched:
+            if key(h) not in ended:
+                again = Handle.from_dict(json.loads(json.dumps(h.to_dict())))
+                running, evs = self.rt.adopt(again.job_id, again.attempt, self.t)
+                assert running == (not any(type(e) in (Exited, Lost) for e in evs)), evs
+                self._take(evs)
+
+    def close(self) -> None:
+        self.rt.procs.clear()  # nothing is held outside this object
+
+    def _take(self, events: list[Event]) -> None:
+        self._queue += [r for r in map(runtime_event, events) if r is not None]
+
+    def _poll(self) -> list[RuntimeEvent]:
+        out, self._queue = self._queue, []
+        return out
+
+
+def sim_behaviour(scenario: Scenario, workers: int) -> SimBehaviour:
+    """The scenario as the simulated job's script, rank by rank (times from the launch)."""
+
+    def one(s: Scenario) -> SimBehaviour:
+        return SimBehaviour(exit_code=s.exit_code, exit_at=s.duration_s,
+                            vanish_at=s.duration_s if s.vanish else None,
+                            ignore_term=s.ignore_term, checkpoints=tuple(s.checkpoints))
+
+    ranks = {r: one(scenario.for_rank(r)) for r in range(workers) if r in scenario.ranks}
+    return dataclasses.replace(one(scenario), ranks=ranks)
+
+
+def runtime_event(ev: Event) -> RuntimeEvent | None:
+    """What a runtime reports for an owner event (the control plane's `_runtime_events` turns
+    it back); None for Started, which a runtime reports by returning from launch."""
+    if type(ev) is Exited:
+        return RuntimeEvent(ev.job_id, ev.attempt, EventKind.EXITED, ev.exit_code, ev.message)
+    if type(ev) is Lost:
+        return RuntimeEvent(ev.job_id, ev.attempt, EventKind.LOST, None, ev.message)
+    if type(ev) is CheckpointSaved:
+        return RuntimeEvent(ev.job_id, ev.attempt, EventKind.CHECKPOINTED,
+                            message=f"checkpoint at step {ev.step}", step=ev.step, at=ev.at)
+    if type(ev) is Started:
+        return None
+    raise AssertionError(f"the simulated runtime reported {ev!r}")
+
+
 # The runtimes the contract suite runs against, by name.
-HARNESSES: dict[str, Callable[[Path], Harness]] = {"local": LocalHarness}
+HARNESSES: dict[str, Callable[[Path], Harness]] = {"local": LocalHarness, "sim": SimHarness}

@@ -3,7 +3,8 @@
 Each test drives a `harness` (contract_harness.py), parametrized over the runtimes in HARNESSES,
 with short scenarios. After every test the harness also checks the invariants that hold always:
 events only for launched attempts, one terminal event per attempt and nothing after it,
-checkpoint steps that never go back.
+checkpoint steps that never go back. Stops are also timed (`took`): on a virtual clock exactly,
+on a real one never early and within the harness's polling slack.
 """
 
 from __future__ import annotations
@@ -30,6 +31,13 @@ def harness(request, tmp_path):
 def kinds(events) -> list[tuple[EventKind, int | None]]:
     """(kind, step or exit code) of each event."""
     return [(e.kind, e.step if e.kind is EventKind.CHECKPOINTED else e.exit_code) for e in events]
+
+
+def took(harness: Harness, event, since: float, seconds: float) -> None:
+    """`event` came `seconds` after `since` on the runtime's clock, within the harness's slack."""
+    t = harness.seen_at(event) - since
+    assert seconds - harness.early_s <= t <= seconds + harness.late_s, \
+        f"{harness.name}: {event} came {t:.6f}s after, not {seconds}s"
 
 
 # ---------------------------------------------------------------------------------- launching
@@ -103,16 +111,20 @@ def test_a_vanished_gang_member_loses_the_attempt(harness):
 
 def test_stop_honoured(harness):
     h = harness.launch(Scenario(duration_s=FOREVER_S), workers=2)
+    t_stop = harness.now()
     harness.stop(h, grace_s=30)
     ev = harness.terminal(h)  # long before the grace runs out, or this times out
     assert (ev.kind, ev.exit_code) == (EventKind.EXITED, STOPPED)
+    took(harness, ev, t_stop, 0)
 
 
 def test_stop_ignored_is_killed_after_the_grace(harness):
     h = harness.launch(Scenario(duration_s=FOREVER_S, ignore_term=True))
+    t_stop = harness.now()
     harness.stop(h, grace_s=0.5)
     ev = harness.terminal(h)
     assert (ev.kind, ev.exit_code) == (EventKind.EXITED, KILLED)
+    took(harness, ev, t_stop, 0.5)  # not before the grace runs out
 
 
 def test_stop_of_a_gang_with_one_stubborn_worker(harness):
@@ -120,14 +132,20 @@ def test_stop_of_a_gang_with_one_stubborn_worker(harness):
     h = harness.launch(Scenario(duration_s=FOREVER_S,
                                 ranks={1: Scenario(duration_s=FOREVER_S, ignore_term=True)}),
                        workers=2)
+    t_stop = harness.now()
     harness.stop(h, grace_s=0.5)
-    assert harness.terminal(h).exit_code == STOPPED
+    ev = harness.terminal(h)
+    assert ev.exit_code == STOPPED
+    took(harness, ev, t_stop, 0.5)  # the attempt ends with its last worker, when killed
 
 
 def test_stop_with_no_grace_kills_at_once(harness):
     h = harness.launch(Scenario(duration_s=FOREVER_S))
+    t_stop = harness.now()
     harness.stop(h, grace_s=0)
-    assert harness.terminal(h).exit_code == KILLED
+    ev = harness.terminal(h)
+    assert ev.exit_code == KILLED
+    took(harness, ev, t_stop, 0)
 
 
 def test_stop_after_the_end_and_of_an_unknown_attempt_does_nothing(harness):

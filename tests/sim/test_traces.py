@@ -139,6 +139,20 @@ def test_generic_csv(tmp_path):
     assert j3.request == Request(gpus=1, gpu_models=("A100",)) and j3.duration == 5.5
 
 
+def test_generic_csv_job_type_column(tmp_path):
+    text = ("job_id,submit_time,duration,num_gpus,job_type\n"
+            "a,0,10,1,ResNet-50 (batch size 64)\n"
+            "b,5,10,2,\n"
+            "c,9,10,1\n")
+    tr = load_trace(write(tmp_path, text, "typed.csv"), "csv")
+    assert [j.job_type for j in tr.jobs] == ["ResNet-50 (batch size 64)", "", ""]
+    # A window keeps the types, and writing the trace back keeps them too.
+    assert [j.job_type for j in apply_window(tr, "5:").jobs] == ["", ""]
+    out = str(tmp_path / "again.csv")
+    write_csv(tr.jobs, out)
+    assert [j.job_type for j in load_trace(out, "csv").jobs] == [j.job_type for j in tr.jobs]
+
+
 def test_generic_csv_minimal_columns(tmp_path):
     tr = load_trace(write(tmp_path, "job_id,submit_time,duration,num_gpus\na,0,1,3\n", "j.csv"),
                     "csv")

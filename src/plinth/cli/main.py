@@ -27,6 +27,7 @@ for _name in ("up", "submit", "ls", "show", "logs", "cancel", "nodes", "top"):
 app.add_typer(platform_cmd.tenant_app, name="tenant")
 app.command("quickstart")(quickstart_cmd.quickstart)
 app.command("place")(place_cmd.place)
+app.command("export")(__import__("plinth.cli.export", fromlist=["export"]).export)
 app.add_typer(serve_cmd.app, name="serve")
 app.add_typer(fl_cmd.app, name="fl")
 

@@ -42,13 +42,16 @@ def up(
     grace: Annotated[float, typer.Option(help="Seconds between SIGTERM and SIGKILL.")] = 10.0,
     min_runtime: Annotated[float, typer.Option(help="Seconds a job runs before it may be "
                                                     "preempted.")] = 30.0,
+    round_s: Annotated[float, typer.Option("--round", help="Lease length in seconds for the "
+                                                          "round-based policies (gavel, "
+                                                          "themis).")] = 360.0,
 ) -> None:
     """Start the control plane: store, local runtime, scheduler and REST API (foreground)."""
     from plinth.control.server import ServerConfig, serve
 
     cfg = ServerConfig(home=(home or plinth_home()).expanduser(), host=host, port=port, db=db,
                        fake_gpus=fake_gpus, policy=policy, grace_s=grace,
-                       min_runtime_s=min_runtime)
+                       min_runtime_s=min_runtime, round_s=round_s)
     serve(cfg, announce=lambda s: console.print(s, highlight=False, soft_wrap=True))
 
 

@@ -16,14 +16,19 @@ writes three files, as `sacct` reads Slurm's accounting:
   (first start, end, attempts, run time over all attempts), so a replay can be scored against
   the run without the store.
 
-Measured run time. An attempt runs from its launch (the `started` event, or `launched` when it
-waited for a stopping job's GPUs) to the event that ends it (`succeeded`, `failed`, `timeout`,
-`cancelled`, `preempted`, `lost`, `retry`): the time it held its resources. A job that never
-reported a checkpoint restarts from scratch, so its run time is its last attempt's; earlier
-attempts were work lost, and the replay (`checkpoint_interval` = never) loses them in the same
-way if it preempts the job too. A job that reported checkpoints resumed where it stopped, so its
-run time is the sum over its attempts (exact when it saved on SIGTERM, as the job SDK does).
-The sum over attempts is in the sidecar either way (`run_time_total`).
+Measured run time. An attempt runs from the scheduler's start decision (its `started` event) to
+the event that ends it (`succeeded`, `failed`, `timeout`, `cancelled`, `preempted`, `lost`,
+`retry`): the time the scheduler's plan held its resources, which is what the policy sees. It
+is the launch-to-exit time plus, for a job started on GPUs that a preempted job still held, the
+wait for that job to exit (its `launched` event comes later; see the sidecar's `runs`). The
+simulated runtime stops a job at once, so without the wait in the run time a replay would end
+such jobs early, by the platform's stop latency each time.
+
+Restarts. A job that never reported a checkpoint restarts from scratch, so its run time is its
+last attempt's: earlier attempts were work lost, and the replay (`checkpoint_interval` = never)
+loses them in the same way if it preempts the job too. A job that reported checkpoints resumed
+where it stopped, so its run time is the sum over its attempts (exact when it saved on SIGTERM,
+as the job SDK does). The sum over attempts is in the sidecar either way (`run_time_total`).
 
 Which jobs. Every job that ran and ended: succeeded, and also failed, timed-out and cancelled
 after it ran, because they held GPUs for that long and a replay without them would give the
@@ -55,8 +60,12 @@ from plinth.sched.lifecycle import State
 from plinth.sched.types import SchedConfig
 
 META_FORMAT = "plinth-export/1"
-# `plinth up --min-runtime`'s default: what a platform runs with unless told otherwise.
+# `plinth up`'s defaults (--min-runtime, --round): what a platform runs with unless told otherwise.
 PLATFORM_MIN_RUNTIME_S = 30.0
+PLATFORM_ROUND_S = 360.0
+# The `SchedConfig` fields a sidecar may set (the placement and throughputs are the defaults).
+NUMERIC_CONFIG = ("min_runtime", "preempt_backoff", "max_preemptions", "backfill_depth",
+                  "restore_overhead", "checkpoint_interval", "round_s")
 # Events that end an attempt (the processes are gone and the resources released).
 RUN_ENDS = frozenset({"succeeded", "failed", "timeout", "cancelled", "preempted", "lost",
                       "retry", "launch-failed"})
@@ -64,13 +73,18 @@ RUN_ENDS = frozenset({"succeeded", "failed", "timeout", "cancelled", "preempted"
 
 @dataclass(frozen=True, slots=True)
 class Attempt:
-    launch: float  # wall-clock seconds
+    """One run of a job, in wall-clock seconds: the scheduler's start decision (from when the
+    plan holds its resources), its launch (later only when it waited for a stopping job to
+    release them), and the event that ended it."""
+
+    start: float
+    launch: float
     end: float
-    ended_by: str  # the event kind that ended it
+    ended_by: str
 
     @property
     def run_time(self) -> float:
-        return self.end - self.launch
+        return self.end - self.start
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,12 +96,23 @@ class MeasuredJob:
     platform_id: int
     name: str  # the user's job name
     state: str  # how it ended on the platform
-    first_start: float  # first `started` (the scheduler's decision, as the simulator records)
-    end: float
-    attempts: int
-    run_time_total: float  # all attempts, from launch to exit
+    runs: tuple[Attempt, ...]  # relative to the first exported submission
     checkpointed: bool
     preemptions: int
+
+    @property
+    def first_start(self) -> float:
+        """The first start decision (what the simulator records as `first_start`)."""
+        return self.runs[0].start
+
+    @property
+    def end(self) -> float:
+        return self.runs[-1].end
+
+    @property
+    def run_time_total(self) -> float:
+        """Every attempt's run time: what the job held, work lost to preemption included."""
+        return sum(a.run_time for a in self.runs)
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,16 +125,16 @@ class Export:
 def attempts(events: Iterable[Mapping[str, Any]]) -> list[Attempt]:
     """A job's attempts from its event log (in log order)."""
     out: list[Attempt] = []
-    launch: float | None = None
+    start = launch = None
     for e in events:
         kind, t = e["kind"], float(e["time"])
         if kind == "started":
+            start = launch = t
+        elif kind == "launched" and start is not None:
             launch = t
-        elif kind == "launched" and launch is not None:
-            launch = t  # it waited for a stopping job's resources: it holds them from now
-        elif kind in RUN_ENDS and launch is not None:
-            out.append(Attempt(launch, t, kind))
-            launch = None
+        elif kind in RUN_ENDS and start is not None:
+            out.append(Attempt(start, launch, t, kind))  # type: ignore[arg-type]
+            start = launch = None
     return out
 
 
@@ -157,22 +182,17 @@ def build_export(records: Iterable[Mapping[str, Any]]) -> Export:
             left_out.append(f"job {r['id']} ({r['name']}, {r['state']}): ran for 0 s")
             continue
         platform = job_from_spec(r["id"], spec, r["tenant"], float(r["submit_time"]) - t0)
-        # The platform plans a job with its max_runtime, else DEFAULT_ESTIMATE_S; the replay
-        # gets the same estimate as its time limit (no platform job was stopped by the latter,
-        # so it is kept beyond the measured run).
+        # The platform plans a job without a max_runtime as if it ran DEFAULT_ESTIMATE_S
+        # (`job_from_spec`). The replay gets that estimate as its time limit, so that its
+        # policy plans with the same numbers; past the measured run, since none stopped it.
         limit = spec.max_runtime or max(DEFAULT_ESTIMATE_S, math.ceil(run_time) + 1.0)
         job = dataclasses.replace(platform, id=len(jobs), duration=run_time, name=str(r["id"]),
                                   job_type=FIXED_SPEED, time_limit=limit)
-        jobs.append(MeasuredJob(
-            job=job, platform_id=int(r["id"]), name=spec.name, state=r["state"],
-            first_start=_first_start(r["events"]) - t0,
-            end=runs[-1].end - t0, attempts=len(runs), run_time_total=total,
-            checkpointed=checkpointed, preemptions=int(r.get("preemptions") or 0)))
+        rel = tuple(Attempt(a.start - t0, a.launch - t0, a.end - t0, a.ended_by) for a in runs)
+        jobs.append(MeasuredJob(job=job, platform_id=int(r["id"]), name=spec.name,
+                                state=r["state"], runs=rel, checkpointed=checkpointed,
+                                preemptions=int(r.get("preemptions") or 0)))
     return Export(jobs, left_out, t0)
-
-
-def _first_start(events: Iterable[Mapping[str, Any]]) -> float:
-    return min(float(e["time"]) for e in events if e["kind"] == "started")
 
 
 # --- the cluster and the scheduler's configuration ----------------------------------------------
@@ -200,23 +220,27 @@ def policy_options(policy: str) -> dict[str, Any]:
     return {"preempt_within_tenant": True} if policy == "drf" else {}
 
 
-def replay_config(export: Export, min_runtime: float) -> dict[str, Any]:
-    """The `SchedConfig` fields a replay needs to schedule as the platform did. The rest are the
-    platform's defaults. The measured run times already hold every restart's cost, so the
-    replay adds no restore overhead; it checkpoints as the jobs did: never if none reported a
-    checkpoint (a stop loses the attempt), at every stop if they all did."""
+def replay_config(export: Export, min_runtime: float = PLATFORM_MIN_RUNTIME_S,
+                  round_s: float = PLATFORM_ROUND_S) -> dict[str, Any]:
+    """The `SchedConfig` a replay schedules with: the platform's (`plinth up` builds
+    `SchedConfig(min_runtime=..., round_s=...)`), every number written out so that a later
+    change of the defaults does not change the replay. The two fields only the simulated runtime
+    reads are
+    set to what the platform's jobs did: the measured run times already hold every restart's
+    cost, so no restore overhead; and checkpoints as the jobs made them: never if none reported
+    one (a stop loses the attempt), at every stop if they all did (mixed: never)."""
+    platform = SchedConfig(min_runtime=float(min_runtime), round_s=float(round_s))
     saved = [m.checkpointed for m in export.jobs]
-    every = 0.0 if saved and all(saved) else None  # None: never
-    return {"min_runtime": float(min_runtime), "restore_overhead": 0.0,
-            "checkpoint_interval": every}
+    return {**{f: getattr(platform, f) for f in NUMERIC_CONFIG}, "restore_overhead": 0.0,
+            "checkpoint_interval": 0.0 if saved and all(saved) else None}  # None: never
 
 
 def sched_config(fields: Mapping[str, Any]) -> SchedConfig:
     """A `SchedConfig` from the sidecar's `sched_config` (`checkpoint_interval` null: never)."""
-    known = {f.name for f in dataclasses.fields(SchedConfig)}
-    bad = sorted(set(fields) - known)
+    bad = sorted(set(fields) - set(NUMERIC_CONFIG))
     if bad:
-        raise SpecError(f"sched_config: unknown field {bad[0]!r} (known: {', '.join(sorted(known))})")
+        raise SpecError(f"sched_config: unknown field {bad[0]!r} (known: "
+                        f"{', '.join(NUMERIC_CONFIG)})")
     values = dict(fields)
     if "checkpoint_interval" in values and values["checkpoint_interval"] is None:
         values["checkpoint_interval"] = math.inf
@@ -235,8 +259,8 @@ def meta(export: Export, *, policy: str, config: Mapping[str, Any], source: str,
         "policy_options": policy_options(policy),
         "sched_config": dict(config),
         "sched_config_source": config_source,
-        "run_time": "the last attempt's, launch to end; summed over attempts for a job that "
-                    "reported checkpoints",
+        "run_time": "the last attempt's, from the start decision to the end; summed over "
+                    "attempts for a job that reported checkpoints",
         "jobs": [{
             "job_id": m.job.name, "name": m.name, "tenant": m.job.tenant, "state": m.state,
             "priority": m.job.priority, "preemptible": m.job.preemptible,
@@ -244,8 +268,8 @@ def meta(export: Export, *, policy: str, config: Mapping[str, Any], source: str,
             "memory_mib": m.job.request.memory_mib, "job_type": m.job.job_type,
             "submit": m.job.submit_time, "first_start": m.first_start, "end": m.end,
             "run_time": m.job.duration, "run_time_total": m.run_time_total,
-            "attempts": m.attempts, "preemptions": m.preemptions,
-            "checkpointed": m.checkpointed,
+            "preemptions": m.preemptions, "checkpointed": m.checkpointed,
+            "runs": [[a.start, a.launch, a.end, a.ended_by] for a in m.runs],
         } for m in export.jobs],
         "left_out": export.left_out,
     }

@@ -30,6 +30,7 @@ class ServerConfig:
     policy: str = "drf"
     grace_s: float = 10.0
     min_runtime_s: float = 30.0  # a job runs this long before it may be preempted
+    round_s: float = 360.0  # lease length of the round-based policies (Gavel, Themis)
 
     @property
     def db_url(self) -> str:
@@ -52,7 +53,9 @@ def build(cfg: ServerConfig) -> tuple[ControlPlane, Auth]:
     if not any(n.num_gpus for n in runtime.nodes()):
         runtime.close()
         raise SpecError("no GPU found (NVML); declare virtual ones with --fake-gpus 4xA100")
-    config = SchedConfig(min_runtime=cfg.min_runtime_s)
+    if cfg.round_s <= 0:
+        raise SpecError(f"--round: must be > 0 seconds, got {cfg.round_s}")
+    config = SchedConfig(min_runtime=cfg.min_runtime_s, round_s=cfg.round_s)
     cp = ControlPlane(store, runtime, home=cfg.home, policy=cfg.policy, config=config,
                       grace_s=cfg.grace_s)
     holder.append(cp)

@@ -25,12 +25,20 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from plinth.control.kinds import controller_for, reconcile
 from plinth.control.spec import JobSpec
 from plinth.control.store import Event, GroupCommit, Store
 from plinth.core.errors import PlinthError, SpecError, UnplaceableError
 from plinth.core.resources import Allocation, Cluster, Request, TenantQuota, WorkerSlot
 from plinth.core.workload import Job
-from plinth.runtime.base import EventKind, Handle, LaunchSpec, Runtime, RuntimeEvent, WorkerLaunch
+from plinth.runtime.base import (
+    EventKind,
+    Handle,
+    LaunchSpec,
+    Runtime,
+    RuntimeEvent,
+    worker_launches,
+)
 from plinth.sched import owner as o
 from plinth.sched.lifecycle import State, StopReason
 from plinth.sched.placement import never_fits
@@ -193,6 +201,11 @@ class ControlPlane:
     def admit(self, spec: JobSpec, tenant: str) -> tuple[JobSpec, dict, float]:
         """Check a submission; return the spec as stored, its store row, and the submit time.
         A job that can never fit the cluster is rejected here, with the reason."""
+        units, _ = reconcile(controller_for(spec).units(spec, {}, self.clock()), {})
+        if len(units) != 1:  # a Job is one unit; kinds with several need a workload record
+            raise SpecError(f"kind {spec.kind}: {len(units)} units; the control plane runs "
+                            "one-unit workloads only")
+        spec = units[0].spec
         req = spec.request()
         why = self._never_fits.get(req, "")
         if why == "":
@@ -382,14 +395,7 @@ class ControlPlane:
     def _launch_spec(self, ins: o.Launch) -> LaunchSpec:
         spec, alloc = self.specs[ins.job_id], ins.allocation
         req = spec.request()
-        workers = []
-        for rank, slot in enumerate(alloc.slots):
-            node = self.cluster.nodes[slot.node]
-            first = self.cluster.node_gpu_range[slot.node][0]
-            workers.append(WorkerLaunch(
-                rank=rank, node=node.name, gpus=tuple(g - first for g in slot.gpus),
-                gpu_milli=slot.milli, gpu_memory_mib=slot.gpu_memory_mib,
-                cpus_milli=req.cpus_milli, memory_mib=req.memory_mib))
+        workers = worker_launches(self.cluster, alloc, req)
         ckpt = spec.checkpoint_dir or str(self.home / "checkpoints" / str(ins.job_id))
         Path(ckpt).mkdir(parents=True, exist_ok=True)
         log_path = self.log_path(ins.job_id)

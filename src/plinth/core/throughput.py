@@ -173,24 +173,26 @@ def speed(job_type: str, model: str | None) -> float:
 _Raw = dict[str, dict[str, tuple[float, str]]]
 
 
-def _number(value: object, path: str, where: str) -> float:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if not ok:
+def _number(value: object, at: str, where: str) -> float:
+    """`at` is the file (JSON) or file:line (CSV), `where` the key or cell."""
+    x = math.nan
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        x = float(value)
+    elif isinstance(value, str):
         try:
-            value = float(value)  # type: ignore[arg-type]
-            ok = True
-        except (TypeError, ValueError):
+            x = float(value)
+        except ValueError:
             pass
-    if not ok or not math.isfinite(value) or value <= 0:  # type: ignore[arg-type]
-        raise SpecError(f"{path}: {where}: expected a positive throughput, got {value!r}")
-    return float(value)  # type: ignore[arg-type]
+    if not math.isfinite(x) or x <= 0:
+        raise SpecError(f"{at}: {where}: expected a positive throughput, got {value!r}")
+    return x
 
 
-def _model(name: str, path: str, where: str) -> str:
+def _model(name: str, at: str, where: str) -> str:
     try:
         return gpu_model(name.strip()).name
     except SpecError as e:
-        raise SpecError(f"{path}: {where}: {e}") from None
+        raise SpecError(f"{at}: {where}: {e}") from None
 
 
 def _read_json(path: str, text: str) -> _Raw:
@@ -199,7 +201,7 @@ def _read_json(path: str, text: str) -> _Raw:
     except json.JSONDecodeError as e:
         raise SpecError(f"{path}:{e.lineno}: not valid JSON: {e.msg}") from None
     # (name, scale) -> model -> (value, where); the smallest scale per name is kept below.
-    cells: dict[tuple[str, int], dict[str, tuple[float, str]]] = {}
+    cells: dict[tuple[str, int], dict[str, tuple[object, str]]] = {}
     for worker, jobs in data.items():
         if worker.endswith(_UNCONSOLIDATED):
             continue  # the same GPUs with a gang spread over servers: not a GPU model
@@ -215,11 +217,15 @@ def _read_json(path: str, text: str) -> _Raw:
                     raise SpecError(f'{path}: {where}: no "null" entry (its throughput when '
                                     "running alone)")
                 entry, where = entry["null"], where + " -> null"
-            cells.setdefault((name, scale), {})[model] = (_number(entry, path, where), where)
+            cells.setdefault((name, scale), {})[model] = (entry, where)
     scales: dict[str, int] = {}
     for name, scale in cells:
         scales[name] = min(scale, scales.get(name, scale))
-    return {name: cells[(name, scale)] for name, scale in scales.items()}
+    # Only the entries used are checked: Gavel's file has zeros at larger scales (a gang that
+    # does not fit a K80's memory), which are never read here.
+    return {name: {m: (_number(v, path, where), where)
+                   for m, (v, where) in cells[(name, scale)].items()}
+            for name, scale in scales.items()}
 
 
 def _job_key(key: str, path: str, worker: str) -> tuple[str, int]:
@@ -247,7 +253,7 @@ def _read_csv(path: str, text: str) -> _Raw:
     if len(header) < 2 or header[0] != "job_type":
         raise SpecError(f"{path}:1: expected a header job_type,<GPU model>,..., got "
                         f"{','.join(header)!r}")
-    models = [_model(h, path, f"1: column {h!r}") for h in header[1:]]
+    models = [_model(h, f"{path}:1", f"column {h!r}") for h in header[1:]]
     if len(set(models)) != len(models):
         raise SpecError(f"{path}:1: a GPU model appears twice in {','.join(header)!r}")
     out: _Raw = {}
@@ -266,8 +272,8 @@ def _read_csv(path: str, text: str) -> _Raw:
             out[name] = {}
             for m, h, cell in zip(models, header[1:], row[1:]):
                 if cell.strip():
-                    where = f"{line}: {name},{h}"
-                    out[name][m] = (_number(cell.strip(), path, where), where)
+                    where = f"{name},{h}"
+                    out[name][m] = (_number(cell.strip(), f"{path}:{line}", where), where)
     except csv.Error as e:
         raise SpecError(f"{path}:{reader.line_num}: bad CSV: {e}") from None
     if not out:

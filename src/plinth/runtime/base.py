@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from plinth.core.resources import Node
+from plinth.core.resources import Allocation, Cluster, Node, Request
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,3 +128,38 @@ class Runtime(Protocol):
         """Stop watching and release runtime resources (MPS daemons). Running jobs are left
         running, so that a restarted control plane can adopt them."""
         ...
+
+
+def worker_launches(cluster: Cluster, allocation: Allocation, request: Request
+                    ) -> tuple[WorkerLaunch, ...]:
+    """The workers of an attempt on `allocation`, as a LaunchSpec names them: rank i on slot i,
+    its GPUs numbered as its node numbers them, the request's CPU and memory limits."""
+    out = []
+    for rank, slot in enumerate(allocation.slots):
+        first = cluster.node_gpu_range[slot.node][0]
+        out.append(WorkerLaunch(rank=rank, node=cluster.nodes[slot.node].name,
+                                gpus=tuple(g - first for g in slot.gpus), gpu_milli=slot.milli,
+                                gpu_memory_mib=slot.gpu_memory_mib,
+                                cpus_milli=request.cpus_milli, memory_mib=request.memory_mib))
+    return tuple(out)
+
+
+def gang_env(spec: LaunchSpec, *, master_addr: str, master_port: int) -> dict[int, dict[str, str]]:
+    """The variables every runtime gives each worker of `spec`, by rank: the torch.distributed
+    rendezvous (MASTER_ADDR/PORT, RANK, WORLD_SIZE, and LOCAL_RANK/LOCAL_WORLD_SIZE among the
+    workers on the same node), which job and attempt it is, its checkpoint directory, and
+    CUDA_VISIBLE_DEVICES with its GPUs as its node numbers them (a runtime whose nodes share a
+    machine maps them to the machine's numbering)."""
+    out: dict[int, dict[str, str]] = {}
+    ordered = sorted(spec.workers, key=lambda w: w.rank)
+    for w in ordered:
+        peers = [o.rank for o in ordered if o.node == w.node]
+        env = {"PLINTH_JOB_ID": str(spec.job_id), "PLINTH_ATTEMPT": str(spec.attempt),
+               "MASTER_ADDR": master_addr, "MASTER_PORT": str(master_port),
+               "RANK": str(w.rank), "WORLD_SIZE": str(len(ordered)),
+               "LOCAL_RANK": str(peers.index(w.rank)), "LOCAL_WORLD_SIZE": str(len(peers)),
+               "CUDA_VISIBLE_DEVICES": ",".join(map(str, w.gpus))}
+        if spec.checkpoint_dir:
+            env["PLINTH_CHECKPOINT_DIR"] = spec.checkpoint_dir
+        out[w.rank] = env
+    return out

@@ -32,7 +32,6 @@ import math
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -44,10 +43,19 @@ from pathlib import Path
 import psutil
 
 from plinth.core.errors import PlinthError
+from plinth.core.net import free_port
 from plinth.core.resources import MILLI, Node
 from plinth.job import CHECKPOINT_MARKER
 from plinth.runtime import shim
-from plinth.runtime.base import EventKind, Handle, LaunchSpec, ProcRef, RuntimeEvent, WorkerLaunch
+from plinth.runtime.base import (
+    EventKind,
+    Handle,
+    LaunchSpec,
+    ProcRef,
+    RuntimeEvent,
+    WorkerLaunch,
+    gang_env,
+)
 from plinth.runtime.gpu import GpuInfo, MpsManager, discover_gpus
 from plinth.runtime.gpu import fake_gpus as make_fake_gpus
 from plinth.runtime.limits import Limiter, WorkerLimits
@@ -169,7 +177,7 @@ class LocalRuntime:
             except OSError as e:
                 raise PlinthError(f"job {spec.job_id} attempt {spec.attempt}: {name}: "
                                   f"cannot create {d}: {e.strerror}") from None
-        envs = gang_env(spec, master_addr="127.0.0.1", master_port=_free_port())
+        envs = gang_env(spec, master_addr="127.0.0.1", master_port=free_port())
         ordered = sorted(spec.workers, key=lambda w: w.rank)
         started: list[_Worker] = []
         try:
@@ -548,27 +556,6 @@ def _ended(wk: _Worker) -> bool:
     return True
 
 
-def gang_env(spec: LaunchSpec, *, master_addr: str, master_port: int) -> dict[int, dict[str, str]]:
-    """The variables every runtime gives each worker of `spec`, by rank: the torch.distributed
-    rendezvous (MASTER_ADDR/PORT, RANK, WORLD_SIZE, and LOCAL_RANK/LOCAL_WORLD_SIZE among the
-    workers on the same node), which job and attempt it is, its checkpoint directory, and
-    CUDA_VISIBLE_DEVICES with its GPUs as its node numbers them (a runtime whose nodes share a
-    machine maps them to the machine's numbering)."""
-    out: dict[int, dict[str, str]] = {}
-    ordered = sorted(spec.workers, key=lambda w: w.rank)
-    for w in ordered:
-        peers = [o.rank for o in ordered if o.node == w.node]
-        env = {"PLINTH_JOB_ID": str(spec.job_id), "PLINTH_ATTEMPT": str(spec.attempt),
-               "MASTER_ADDR": master_addr, "MASTER_PORT": str(master_port),
-               "RANK": str(w.rank), "WORLD_SIZE": str(len(ordered)),
-               "LOCAL_RANK": str(peers.index(w.rank)), "LOCAL_WORLD_SIZE": str(len(peers)),
-               "CUDA_VISIBLE_DEVICES": ",".join(map(str, w.gpus))}
-        if spec.checkpoint_dir:
-            env["PLINTH_CHECKPOINT_DIR"] = spec.checkpoint_dir
-        out[w.rank] = env
-    return out
-
-
 def parse_marker(raw: bytes) -> tuple[int, int, float]:
     """(step, attempt, time) of a checkpoint marker; ValueError saying what is wrong."""
     try:
@@ -636,13 +623,6 @@ def _read_exit(path: str, default: int | None = None) -> int | None:
         return int(Path(path).read_text().strip())
     except (OSError, ValueError):
         return default
-
-
-def _free_port() -> int:
-    """A port free now on loopback, for torch.distributed's rendezvous (MASTER_PORT)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _cgroup_memory_limit_mib() -> int:

@@ -365,6 +365,15 @@ class Owner:
                 kind: str = "") -> None:
         """The attempt's processes are gone (`code` None: lost, or never launched)."""
         why = self.stop_why.pop(js.id, None)
+        if why is not None and why[0] is StopReason.PREEMPT and code == 0:
+            # It finished its work as it was asked to stop (the job SDK exits 143 on a stop):
+            # done, not to be run again.
+            if js in self.pending:
+                self.pending.remove(js)
+            if self.next_start.get(js.id) is not None:
+                self.state.release(self.next_start.pop(js.id)[0], js.job.request)
+                self._freed = True
+            why = None
         requeue = why is not None and why[0] is StopReason.PREEMPT
         if requeue and js in self.pending:
             self.pending.remove(js)  # its sort key may change with the accounting below

@@ -302,15 +302,18 @@ def _place_fraction(state: ClusterState, req: Request, mid: int, cfg: PlacementC
     cluster = state.cluster
     work = state if req.workers == 1 else state.copy()
     slots = []
+    span = state.model_gpus[mid]  # only this model's GPUs, in index order
     for _ in range(req.workers):
-        mask = (work.gpu_free_milli >= req.gpu_milli) & (work.gpu_free_mem >= req.gpu_memory_mib)
-        node_ok = cluster.node_model_id == mid
-        if req.cpus_milli:
-            node_ok = node_ok & (work.node_free_cpu >= req.cpus_milli)
-        if req.memory_mib:
-            node_ok = node_ok & (work.node_free_mem >= req.memory_mib)
-        mask &= node_ok[cluster.gpu_node]
+        mask = ((work.gpu_free_milli[span] >= req.gpu_milli)
+                & (work.gpu_free_mem[span] >= req.gpu_memory_mib))
+        if req.cpus_milli or req.memory_mib:
+            nodes = cluster.gpu_node[span]
+            if req.cpus_milli:
+                mask &= work.node_free_cpu[nodes] >= req.cpus_milli
+            if req.memory_mib:
+                mask &= work.node_free_mem[nodes] >= req.memory_mib
         cand = np.flatnonzero(mask)
+        cand = cand + span.start if isinstance(span, slice) else span[cand]
         if cand.size == 0:
             return None
         if cfg.fractional == "fgd" and cfg.profile is not None:

@@ -17,7 +17,7 @@ queue (`tenant_queues`) and a borrowing tenant's jobs handed out as reclaim vict
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from plinth.core.resources import MILLI, Cluster, Request, TenantQuota
@@ -30,6 +30,12 @@ NOMINAL, BORROW, NO_QUOTA = "nominal", "borrow", "no-quota"
 def gpus(milli: int) -> str:
     """Milli-GPUs as a short GPU count for reasons: 16, 0.5."""
     return f"{milli / MILLI:g}"
+
+
+def cluster_totals(cluster: Cluster) -> tuple[int, int, int]:
+    """The cluster's milli-GPUs, milli-CPUs and MiB of memory, the denominators of shares."""
+    return (cluster.total_gpus * MILLI, sum(n.cpus_milli for n in cluster.nodes),
+            sum(n.memory_mib for n in cluster.nodes))
 
 
 def derive_quotas(cluster: Cluster, tenants: Iterable[str]) -> tuple[TenantQuota, ...]:
@@ -72,13 +78,13 @@ class QuotaBook:
 
     __slots__ = ("_tot_cpu", "_tot_gpu", "_tot_mem", "cohort_nominal", "cohort_usage", "tenants")
 
-    def __init__(self, quotas: Sequence[TenantQuota], cluster: Cluster) -> None:
+    def __init__(self, quotas: Sequence[TenantQuota], cluster: Cluster,
+                 totals: tuple[int, int, int] | None = None) -> None:
+        """`totals` is `cluster_totals(cluster)`, if the caller keeps it between passes."""
         self.tenants: dict[str, TenantUsage] = {}
         self.cohort_nominal: dict[str, int] = {}
         self.cohort_usage: dict[str, int] = {}
-        self._tot_gpu = cluster.total_gpus * MILLI
-        self._tot_cpu = sum(n.cpus_milli for n in cluster.nodes)
-        self._tot_mem = sum(n.memory_mib for n in cluster.nodes)
+        self._tot_gpu, self._tot_cpu, self._tot_mem = totals or cluster_totals(cluster)
         for q in quotas:
             limit = None if q.borrowing_limit is None else round(q.borrowing_limit * MILLI)
             self._add(TenantUsage(q.name, round(q.nominal_gpus * MILLI), limit, q.cohort,
@@ -96,12 +102,13 @@ class QuotaBook:
         t = self.tenants.get(name)
         return t if t is not None else self._add(TenantUsage(name, 0, None, "default", 1.0, False))
 
-    def charge(self, tenant: str, req: Request, sign: int = 1) -> None:
+    def charge(self, tenant: str, req: Request, times: int = 1) -> None:
+        """Charge `req` to the tenant `times` times (-1: credit it back)."""
         t = self.tenant(tenant)
-        g = sign * req.gpu_milli_total
+        g = times * req.gpu_milli_total
         t.gpu += g
-        t.cpu += sign * req.cpus_milli * req.workers
-        t.mem += sign * req.memory_mib * req.workers
+        t.cpu += times * req.cpus_milli * req.workers
+        t.mem += times * req.memory_mib * req.workers
         self.cohort_usage[t.cohort] += g
 
     def share(self, t: TenantUsage) -> float:
@@ -176,7 +183,8 @@ class QuotaBook:
 
 # -- tenants' jobs ---------------------------------------------------------------------------
 
-def tenant_queues(pending: Sequence[JobState], check: int = 16
+def tenant_queues(pending: Sequence[JobState], check: int = 16,
+                  key: Callable[[JobState], tuple] | None = None
                   ) -> dict[str, Sequence[JobState]]:
     """Each tenant's pending jobs in queue order, as views into `pending` (no copies).
 
@@ -184,9 +192,21 @@ def tenant_queues(pending: Sequence[JobState], check: int = 16
     found by binary search. A queue caught not grouped (say, kept in submit order) is split
     by a full scan instead: the first `check` jobs of each group must be the group's tenant,
     and a group that ends sooner must end where the search says.
+
+    A sorted container kept by `key` (an order whose first field is the tenant) is grouped by
+    construction: its own index finds each group's end, with no checks.
     """
     queues: dict[str, Sequence[JobState]] = {}
     n, i, last = len(pending), 0, None
+    if key is not None and hasattr(pending, "bisect_key_left") and \
+            getattr(pending, "key", None) == key:
+        while i < n:
+            t = pending[i].job.tenant
+            # t + NUL is the least name above t: the search lands on the next tenant's first.
+            end = pending.bisect_key_left((t + "\0",))  # type: ignore[attr-defined]
+            queues[t] = _View(pending, i, end)
+            i = end
+        return queues
     while i < n:
         t = pending[i].job.tenant
         if last is not None and t <= last:

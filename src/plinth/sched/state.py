@@ -21,6 +21,7 @@ class ClusterState:
         "free_whole_by_model",
         "gpu_free_mem",
         "gpu_free_milli",
+        "model_gpus",
         "model_nodes",
         "node_free_cpu",
         "node_free_mem",
@@ -56,19 +57,28 @@ class ClusterState:
         # harder as resources are allocated, so a shape that failed stays failed.
         self._failed: set[Request] = set()
         self.used_milli = 0  # GPU share allocated, in milli-GPUs, kept by allocate/release
-        # Per GPU model: its nodes' indices and their rack ids, in node order. They never
-        # change, so copies share them (spread placement reads them on every try).
+        # Per GPU model: its nodes' indices with their rack ids, and its GPUs (as a slice
+        # when contiguous, as usual, so that reading them copies nothing), in index order.
+        # They never change, so copies share them (placement reads them on every try
+        # instead of masking the whole cluster).
         self.model_nodes: list[tuple[np.ndarray, np.ndarray]] = []
+        self.model_gpus: list[slice | np.ndarray] = []  # a slice where they are contiguous
+        gpu_model = cluster.node_model_id[cluster.gpu_node]
         for m in range(nm):
             nodes = np.flatnonzero(cluster.node_model_id == m)
             self.model_nodes.append((nodes, cluster.node_rack_id[nodes]))
+            gpus = np.flatnonzero(gpu_model == m)
+            if gpus.size and gpus[-1] - gpus[0] + 1 == gpus.size:  # contiguous: a view
+                self.model_gpus.append(slice(int(gpus[0]), int(gpus[-1]) + 1))
+            else:
+                self.model_gpus.append(gpus)
 
     def copy(self) -> ClusterState:
         new = object.__new__(ClusterState)
         new.cluster = self.cluster
         new._gpu_mem_cap = self._gpu_mem_cap
         new._capacity = self._capacity
-        new.model_nodes = self.model_nodes
+        new.model_nodes, new.model_gpus = self.model_nodes, self.model_gpus
         for name in ("gpu_free_milli", "gpu_free_mem", "node_free_cpu", "node_free_mem",
                      "node_free_whole", "free_whole_by_model"):
             setattr(new, name, getattr(self, name).copy())
@@ -131,21 +141,25 @@ class ClusterState:
         self._failed.clear()
 
     def _apply(self, alloc: Allocation, req: Request, sign: int) -> None:
-        # Hot path: plain ints in, one numpy read and write per GPU.
+        # Hot path (every start, stop and victim search): plain ints and locals, one numpy
+        # read and write per GPU, and the bucket index moved slot by slot, in slot order.
         fm, fmem = self.gpu_free_milli, self.gpu_free_mem
+        cpu, mem = sign * req.cpus_milli, sign * req.memory_mib
+        used = 0
         for slot in alloc.slots:
             n = slot.node
-            if req.cpus_milli:
-                self.node_free_cpu[n] += sign * req.cpus_milli
-            if req.memory_mib:
-                self.node_free_mem[n] += sign * req.memory_mib
-            if not slot.gpus:
+            if cpu:
+                self.node_free_cpu[n] += cpu
+            if mem:
+                self.node_free_mem[n] += mem
+            gpus = slot.gpus
+            if not gpus:
                 continue
             milli, gmem = sign * slot.milli, sign * slot.gpu_memory_mib
-            self.used_milli -= milli * len(slot.gpus)
+            used += milli * len(gpus)
             whole = 0
-            for g in slot.gpus:
-                old = int(fm[g])
+            for g in gpus:
+                old = fm.item(g)
                 new = old + milli
                 if new < 0:
                     raise AssertionError(f"GPU {g} over-committed by {alloc}")
@@ -162,13 +176,15 @@ class ClusterState:
                     whole += 1
             if whole:
                 self._move_bucket(n, whole)
+        self.used_milli -= used
 
     def _move_bucket(self, n: int, delta: int) -> None:
         m = self.cluster.node_model_list[n]
-        old = int(self.node_free_whole[n])
-        self.buckets[m][old].discard(n)
+        old = self.node_free_whole.item(n)
+        per_model = self.buckets[m]
+        per_model[old].discard(n)
         self.node_free_whole[n] = old + delta
-        self.buckets[m][old + delta].add(n)
+        per_model[old + delta].add(n)
         self.free_whole_by_model[m] += delta
 
     def check(self) -> None:

@@ -41,9 +41,11 @@ import itertools
 import math
 from collections.abc import Iterable, Iterator, Sequence
 
+import numpy as np
+
 from plinth.core.errors import SpecError
 from plinth.core.resources import Allocation, Cluster, Request, TenantQuota
-from plinth.sched.backfill import GPU_ONLY, masked, reservation, without_reserved
+from plinth.sched.backfill import GPU_ONLY, expected_ends, masked, reservation, without_reserved
 from plinth.sched.placement import place
 from plinth.sched.policies.base import Policy
 from plinth.sched.preemption import can_preempt, find_victims, guaranteed_runtime, victim_order
@@ -54,6 +56,7 @@ from plinth.sched.quota import (
     QuotaBook,
     TenantQueue,
     TenantUsage,
+    cluster_totals,
     derive_quotas,
     gpus,
     tenant_queues,
@@ -93,6 +96,8 @@ class FairShare(Policy):
         self._derived_for: Cluster | None = None
         self._seen: frozenset[str] = frozenset()
         self._derived: tuple[TenantQuota, ...] = ()
+        self._totals_for: Cluster | None = None
+        self._totals: tuple[int, int, int] = (0, 0, 0)
 
     def order(self, js: JobState) -> tuple:
         # Grouped by tenant so that a pass can find each tenant's first jobs by binary search;
@@ -113,11 +118,24 @@ class FairShare(Policy):
         return self._derived
 
     def schedule(self, snap: Snapshot, now: float) -> Decisions:
-        queues = tenant_queues(snap.pending)
-        tenants = set(queues) | {js.job.tenant for js in snap.running.values()}
-        book = QuotaBook(self.quotas_for(snap.cluster, tenants), snap.cluster)
+        queues = tenant_queues(snap.pending, key=self.order)
+        # The running jobs' usage, charged once per (tenant, request) with its count: a pass
+        # rebuilds the book, and a big cluster runs tens of thousands of jobs of a few shapes.
+        usage: dict[tuple[str, int], list] = {}
         for js in snap.running.values():
-            book.charge(js.job.tenant, js.job.request)
+            job = js.job
+            k = (job.tenant, id(job.request))
+            e = usage.get(k)
+            if e is None:
+                usage[k] = [job.request, 1]
+            else:
+                e[1] += 1
+        tenants = set(queues) | {name for name, _ in usage}
+        if self._totals_for is not snap.cluster:
+            self._totals_for, self._totals = snap.cluster, cluster_totals(snap.cluster)
+        book = QuotaBook(self.quotas_for(snap.cluster, tenants), snap.cluster, self._totals)
+        for (name, _), (req, n) in usage.items():
+            book.charge(name, req, n)
         p = _Pass(self, snap, now, book)
         p.run(queues)
         return p.d
@@ -141,7 +159,11 @@ class _Pass:
         self.holds: dict[str, tuple[int, float]] = {}  # tenant -> job, time: see `hold`
         self.jobs: dict[int, JobState] = {}  # the jobs examined, by id
         self.gpu_before = {name: t.gpu for name, t in book.tenants.items()}
-        self._ends: list[tuple[float, int, str, int]] | None = None  # see `hold`
+        self._ends: list[tuple[float, int, str, int, str]] | None = None  # see `cohort_ends`
+        # Per request object: (a token equal for equal requests, its milli-GPUs). Runs of
+        # look-alike jobs are read for every pass, and a request hashes all its fields.
+        self._reqs: dict[int, tuple[int, int]] = {}
+        self._canon: dict[Request, Request] = {}
 
     def run(self, queues: dict[str, Sequence[JobState]]) -> None:
         """Two rounds, as Kueue orders its heads: first every job that keeps its tenant
@@ -170,7 +192,7 @@ class _Pass:
             while q.active:
                 js = q.head
                 assert js is not None
-                milli = js.job.request.gpu_milli_total
+                milli = self.req_info(js.job.request)[1]
                 if not borrowing and t.gpu + milli > t.nominal:
                     # Held for the second round; if even borrowing cannot admit it now, hold
                     # the tenant's quota for it already, so that its small jobs in this
@@ -217,10 +239,15 @@ class _Pass:
         """STARTED, WAITS, or REPEAT: it waits for the same reason as an identical job just
         before it (same tenant, request and priority, nothing started or preempted since),
         found without a placement, so runs of blocked look-alike jobs cost next to nothing."""
-        held, hold = self.reservation, self.holds.get(js.job.tenant)
-        end = self.now + js.remaining_estimate if held or hold else 0.0
+        job = js.job
+        held, hold = self.reservation, self.holds.get(job.tenant)
+        if held or hold:  # now + js.remaining_estimate, inlined: it runs for every job read
+            est = (job.duration if job.time_limit is None else job.time_limit) - js.progress
+            end = self.now + (est if est > 0.0 else 0.0)
+        else:
+            end = 0.0
         late = held is not None and end > held[1]
-        key = (js.job.tenant, js.job.request, js.job.priority, held is None, late,
+        key = (job.tenant, self.req_info(job.request)[0], job.priority, held is None, late,
                hold is None, hold is not None and end > hold[1],
                hold is not None and hold[0] == js.id)
         version = len(self.d.starts) + len(self.d.preempts)
@@ -278,12 +305,10 @@ class _Pass:
         """Reserve GPUs for the first job in line that waits for room (EASY backfill): later
         jobs may only take them if they end before it could start. Without this, a stream of
         small jobs starves gang jobs that need a whole node, and the queue silts up with them."""
-        snap = self.snap
-        if self.preempted:  # their GPUs are free already: do not release them twice
-            running = {i: r for i, r in snap.running.items() if i not in self.preempted}
-            snap = Snapshot(snap.cluster, snap.state, snap.pending, running, snap.config)
         started = [(self.jobs[s.job_id], s.allocation) for s in self.d.starts]
-        shadow, reserved = reservation(snap, self.now, self.work, js, started, False)
+        # Preempted jobs' GPUs are free already: they must not be released twice.
+        shadow, reserved = reservation(self.snap, self.now, self.work, js, started, False,
+                                       self.preempted)
         if math.isinf(shadow):
             return ""
         self.reservation = (js.id, shadow, reserved)
@@ -298,22 +323,46 @@ class _Pass:
         if held is not None:
             return (f"; first in line for {t.name}'s quota, expected from t={held[1]:.0f}s"
                     if held[0] == js.id else "")
-        if self._ends is None:  # running jobs by expected end, once per pass
-            self._ends = sorted((r.expected_end(self.now), r.id, r.job.tenant,
-                                 r.job.request.gpu_milli_total)
-                                for r in self.snap.running.values())
-        started = sorted((self.now + self.jobs[s.job_id].remaining_estimate, s.job_id,
-                          self.jobs[s.job_id].job.tenant,
-                          self.jobs[s.job_id].job.request.gpu_milli_total)
-                         for s in self.d.starts)
-        cohort = t.cohort
-        ends = ((end, name, milli) for end, jid, name, milli in heapq.merge(self._ends, started)
-                if jid not in self.preempted and self.book.tenant(name).cohort == cohort)
-        when = self.book.expected_at(t, js.job.request.gpu_milli_total, ends)
+        when = self.book.expected_at(t, js.job.request.gpu_milli_total,
+                                     self.cohort_ends(t.cohort))
         if when is None:
             return ""
         self.holds[t.name] = (js.id, when)
         return f"; first in line for {t.name}'s quota, expected from t={when:.0f}s"
+
+    def cohort_ends(self, cohort: str) -> Iterator[tuple[float, str, int]]:
+        """(expected end, tenant, milli-GPUs) of the jobs of `cohort` that hold GPUs now
+        (running and not preempted, or started in this pass), by end then id, read lazily:
+        `hold` stops at the first end that frees enough. The running jobs' ends are computed
+        and sorted once per pass, vectorised."""
+        if self._ends is None:
+            running = list(self.snap.running.values())
+            ids = np.fromiter((r.id for r in running), np.int64, len(running))
+            ends = expected_ends(self.now, running, oracle=False)
+            order = np.lexsort((ids, ends))
+            by_end = [running[i] for i in order.tolist()]
+            cohort_of = {name: t.cohort for name, t in self.book.tenants.items()}
+            self._ends = list(zip(ends[order].tolist(), ids[order].tolist(),
+                                  [r.job.tenant for r in by_end],
+                                  [self.req_info(r.job.request)[1] for r in by_end],
+                                  [cohort_of[r.job.tenant] for r in by_end]))
+        book, now, preempted = self.book, self.now, self.preempted
+        fresh = sorted((now + f.remaining_estimate, f.id, f.job.tenant,
+                        self.req_info(f.job.request)[1], book.tenant(f.job.tenant).cohort)
+                       for f in (self.jobs[s.job_id] for s in self.d.starts))
+        for end, jid, name, milli, c in (heapq.merge(self._ends, fresh) if fresh
+                                         else self._ends):
+            if c == cohort and jid not in preempted:
+                yield end, name, milli
+
+    def req_info(self, req: Request) -> tuple[int, int]:
+        """(token, milli-GPUs) of a request: the token is the same for equal requests (the
+        first such object's id), so keys built from it compare without hashing requests."""
+        info = self._reqs.get(id(req))
+        if info is None:
+            canon = self._canon.setdefault(req, req)
+            info = self._reqs[id(req)] = (id(canon), req.gpu_milli_total)
+        return info
 
     def set_work(self, work: ClusterState) -> None:
         """Plan on `work` from now on (after preemptions released GPUs)."""

@@ -45,8 +45,8 @@ Choices and simplifications, each for a reason:
   numpy arrays with one row per active job, and is updated from the snapshot: a running job is
   charged for the time since the previous call on the model its allocation is on. A job that
   leaves the active set loses its history.
-- Reasons: a waiting job's reason is given when it changes (it is re-derived at each round
-  boundary, when priorities are decided); an unchanged one is not repeated on every pass.
+- Reasons: every waiting job's reason is given at each round boundary, where leases are
+  decided; between boundaries only newcomers get one (the others' has not changed).
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ from itertools import islice
 import numpy as np
 
 from plinth.core.errors import SpecError
-from plinth.core.resources import Allocation, Cluster, Request
+from plinth.core.resources import Allocation, Cluster
 from plinth.core.throughput import DEFAULT_THROUGHPUTS, Throughputs
 from plinth.sched.lp import feasible_mask, max_min_fairness
 from plinth.sched.placement import place
@@ -142,13 +142,17 @@ class Gavel(Policy):
         self._class_of: dict[tuple, int] = {}
         self._cT = np.zeros((0, len(models)))  # speed per model
         self._cscale = np.zeros(0)
+        self._cfrac = np.zeros(0, dtype=bool)  # asks for a fraction of a GPU
         self._callowed = np.zeros((0, len(models)), dtype=bool)
         self._cX: np.ndarray = np.zeros((0, len(models)))  # the last solve's X per class
         self._cin = np.zeros(0, dtype=bool)  # class was in the last solve
         self._lp_counts: np.ndarray | None = None
         self.fairness = 0.0  # the LP's t, for reports
         self._prev_rows = np.zeros(0, dtype=np.intp)
-        self._run_rows = np.zeros(0, dtype=np.intp)
+        self._run_rows = np.zeros(0, dtype=np.intp)  # rows of the jobs running, and where
+        self._run_m = np.zeros(0, dtype=np.intp)
+        self._last_run: list[JobState] = []
+        self._last_allocs: list[Allocation | None] = []
         self._last_now: float | None = None
         self._round_end = -math.inf
         self._outside_why = f"outside Gavel's active window (the {self.max_jobs} oldest jobs)"
@@ -189,6 +193,7 @@ class Gavel(Policy):
             models = self._models
             self._cT = np.vstack([self._cT, self._thr.speeds(jtype, models)])
             self._cscale = np.append(self._cscale, req.num_gpus)
+            self._cfrac = np.append(self._cfrac, req.fractional)
             self._callowed = np.vstack([self._callowed, [req.allows(m) for m in models]])
             self._cX = np.vstack([self._cX, np.zeros(len(models))])
             self._cin = np.append(self._cin, False)
@@ -204,22 +209,26 @@ class Gavel(Policy):
             rows[i] = self._book.add(js, self._class(js))
         return np.array(rows, dtype=np.intp), fresh
 
-    def _account(self, snap: Snapshot, now: float) -> None:
+    def _account(self, snap: Snapshot, now: float, run: list[JobState], fresh: bool) -> None:
         """Charge the time since the last pass: active time to the jobs active then, time on a
         model to the jobs running now (they have run since the last pass's decisions)."""
         b = self._book
-        b.run_m[self._run_rows] = -1
-        get, node_model = b.row.get, snap.cluster.node_model_list
-        rows, models = [], []
-        for js in snap.running.values():
-            r = get(js.id)
-            a = js.allocation
-            if r is not None and a is not None and a.slots and a.slots[0].gpus:
-                rows.append(r)
-                models.append(node_model[a.slots[0].node])
-        run_rows = self._run_rows = np.array(rows, dtype=np.intp)
-        run_m = np.array(models, dtype=np.intp)
-        b.run_m[run_rows] = run_m
+        allocs = [js.allocation for js in run]
+        if fresh or run != self._last_run or allocs != self._last_allocs:
+            # Who runs where changed (identity checks; the usual pass changes nothing here).
+            b.run_m[self._run_rows] = -1
+            get, node_model = b.row.get, snap.cluster.node_model_list
+            rows, models = [], []
+            for js, a in zip(run, allocs):
+                r = get(js.id)
+                if r is not None and a is not None and a.slots and a.slots[0].gpus:
+                    rows.append(r)
+                    models.append(node_model[a.slots[0].node])
+            self._run_rows = np.array(rows, dtype=np.intp)
+            self._run_m = np.array(models, dtype=np.intp)
+            b.run_m[self._run_rows] = self._run_m
+            self._last_run, self._last_allocs = run, allocs
+        run_rows, run_m = self._run_rows, self._run_m
         dt = 0.0 if self._last_now is None else now - self._last_now
         self._last_now = now
         if dt > 0:
@@ -268,27 +277,37 @@ class Gavel(Policy):
         d = Decisions()
         self._sync(snap)
         cfg, b = snap.config, self._book
-        window, outside = self._window(snap)
+        run = list(snap.running.values())
+        window, outside = self._window(snap, run)
         why_out = self._outside_why
-        for js in outside:
+        for js in outside:  # new to the outside; all of them again at a round boundary
             if js.reason is not why_out:
                 d.waiting[js.id] = why_out
         rows, fresh = self._rows(window)
-        self._account(snap, now)
+        self._account(snap, now, run, bool(fresh))
         boundary = cfg.round_s <= 0 or now >= self._round_end - 1e-9
+        if boundary:
+            for js in outside:
+                d.waiting[js.id] = why_out
         gpu = b.cls[rows] >= 0
         grows = rows[gpu]
         if boundary:
             self._forget({js.id for js in window} | set(snap.running))
             self._solve(grows)
-        else:
+        elif fresh:
             self._provisional(grows)
         self._prev_rows = grows
+        if boundary and len(window) == len(run) and len(self._models) == 1:
+            # Nobody waits in the window and there is no other model to move to: every lease
+            # is renewed, so the round changes nothing (the common case in a trace's tail).
+            self._round_end = now + cfg.round_s
+            d.wake_at = self._round_end if cfg.round_s > 0 and run else None
+            return d
         usable = b.X[grows].sum(axis=1) > _X_MIN
         gidx = np.flatnonzero(gpu)
         for k in np.flatnonzero(~usable).tolist():
             js = window[gidx[k]]
-            if js.id not in snap.running and js.reason is not _NO_ROOM:
+            if js.id not in snap.running and (boundary or js.reason is not _NO_ROOM):
                 d.waiting[js.id] = _NO_ROOM
         jpos = gidx[usable]
         jobs = [window[i] for i in jpos.tolist()]
@@ -303,12 +322,17 @@ class Gavel(Policy):
         else:
             # Mid-round only waiting jobs may start, and only on free GPUs.
             placed: dict[int, tuple[Allocation, int]] = {}
-            if snap.state.free_milli > 0:
-                wait = np.flatnonzero(b.run_m[jrows] < 0)
+            state = snap.state
+            if state.free_milli > 0:
+                # Only the waiting jobs that could fit what is free need ranking.
+                scale = self._cscale[b.cls[jrows]]
+                whole = scale >= 1
+                fits = ~whole | (scale <= state.whole_free_gpus())
+                wait = np.flatnonzero((b.run_m[jrows] < 0) & fits)
                 if wait.size:
                     work = snap.state.copy()
                     ji, mi = self._pairs(jrows[wait])
-                    placed = self._fill(snap, work, jobs, wait[ji], mi, d)
+                    placed = self._fill(snap, work, jobs, jrows, wait[ji], mi, d)
             if fresh:
                 # Reasons for the newcomers; the others keep the one their round gave them.
                 where = np.full(len(window), -1)
@@ -331,10 +355,10 @@ class Gavel(Policy):
         d.wake_at = self._round_end if busy else None
         return d
 
-    def _window(self, snap: Snapshot) -> tuple[list[JobState], list[JobState]]:
+    def _window(self, snap: Snapshot, run: list[JobState]
+                ) -> tuple[list[JobState], list[JobState]]:
         """The `max_jobs` oldest jobs, running or pending (in no particular order), and the
         pending jobs examined after them."""
-        run = list(snap.running.values())
         head = list(islice(snap.pending, self.max_jobs + snap.config.backfill_depth))
         room = self.max_jobs - len(run)
         order = self.order
@@ -376,25 +400,25 @@ class Gavel(Policy):
         cluster, models, b = snap.cluster, self._models, self._book
         cap = self._cap.tolist()
         used = [0.0] * len(models)
-        index = {js.id: i for i, js in enumerate(jobs)}
-        run_m = dict(zip(b.jid[self._run_rows].tolist(), b.run_m[self._run_rows].tolist()))
+        on = b.run_m[rows].tolist()  # the model each job runs on, -1 if waiting
+        index = {jobs[i].id: i for i, m in enumerate(on) if m >= 0}
         assigned: dict[int, int] = {}  # job index -> model index
         movable: dict[int, tuple[JobState, int]] = {}  # with the model it is on
         for js in snap.running.values():
-            m = run_m.get(js.id, -1)
+            i = index.get(js.id)
+            m = on[i] if i is not None else _model_index(cluster, js.allocation)
             if m < 0:
-                m = _model_index(cluster, js.allocation)
-                if m < 0:
-                    continue
+                continue
             if self._pinned(js, now, snap):
                 used[m] += js.job.request.num_gpus
-                if js.id in index:
-                    assigned[index[js.id]] = m
+                if i is not None:
+                    assigned[i] = m
             else:
                 movable[js.id] = (js, m)
         # Grant pairs by priority while the model has GPUs left (a count; placement below
         # may still fail on fragmentation, and the fill pass then tries the job's other models).
-        scale = self._cscale[b.cls[rows]].tolist()
+        cls = b.cls[rows]
+        scale = self._cscale[cls].tolist()
         smallest = min(scale, default=0.0)
         full = [u + smallest > c + 1e-9 for u, c in zip(used, cap)]
         n_full = sum(full)
@@ -414,21 +438,22 @@ class Gavel(Policy):
 
         # Release every running job that does not stay on its model, then place the granted.
         leaving: dict[int, JobState] = {}
+        free = [m < 0 for m in on]  # waiting, or leaving its GPUs: to be placed
         for jid, (js, m) in movable.items():
             i = index.get(jid)
             if i is None or assigned.get(i) != m:
                 work.release(js.allocation, js.job.request)  # type: ignore[arg-type]
                 leaving[jid] = js
+                if i is not None:
+                    free[i] = True
         placed: dict[int, tuple[Allocation, int]] = {}
-        tried: set[tuple[Request, int]] = set()
-        running = snap.running
-        todo = [(i, m) for i, m in pairs if assigned.get(i) == m
-                and (jobs[i].id not in running or jobs[i].id in leaving)]
-        self._place_pairs(snap, work, jobs, todo, placed, tried)
+        tried: set[tuple[int, int]] = set()
+        frac = self._cfrac[cls].tolist()
+        todo = [(i, m) for i, m in pairs if free[i] and assigned.get(i) == m]
+        self._place_pairs(snap, work, jobs, todo, placed, tried, scale, frac, on)
         # Fill: jobs whose grant did not place, or that got none, try their other models.
-        rest = [(i, m) for i, m in pairs if i not in placed and
-                (jobs[i].id not in running or jobs[i].id in leaving)]
-        self._place_pairs(snap, work, jobs, rest, placed, tried)
+        rest = [(i, m) for i, m in pairs if free[i] and i not in placed]
+        self._place_pairs(snap, work, jobs, rest, placed, tried, scale, frac, on)
 
         starts, moves = [], []
         for i, (alloc, m) in placed.items():
@@ -453,11 +478,14 @@ class Gavel(Policy):
         self._order_moves(cluster, moves, d)
         self._explain_waiting(jobs, rows, list(range(len(jobs))), placed, d)
 
-    def _fill(self, snap: Snapshot, work: ClusterState, jobs: list[JobState], ji: np.ndarray,
-              mi: np.ndarray, d: Decisions) -> dict:
+    def _fill(self, snap: Snapshot, work: ClusterState, jobs: list[JobState], rows: np.ndarray,
+              ji: np.ndarray, mi: np.ndarray, d: Decisions) -> dict:
         """Mid-round: start waiting jobs on free GPUs, by priority, without moving anyone."""
         placed: dict[int, tuple[Allocation, int]] = {}
-        self._place_pairs(snap, work, jobs, list(zip(ji.tolist(), mi.tolist())), placed, set())
+        cls = self._book.cls[rows]
+        self._place_pairs(snap, work, jobs, list(zip(ji.tolist(), mi.tolist())), placed, set(),
+                          self._cscale[cls].tolist(), self._cfrac[cls].tolist(),
+                          self._book.run_m[rows].tolist())
         for i, (alloc, m) in placed.items():
             js = jobs[i]
             d.starts.append(Start(js.id, alloc, self._why(js, m, "mid-round lease on"),
@@ -465,32 +493,38 @@ class Gavel(Policy):
         return placed
 
     def _place_pairs(self, snap: Snapshot, work: ClusterState, jobs: list[JobState],
-                     pairs: list[tuple[int, int]], placed: dict, tried: set) -> None:
-        pcfg, cluster, running = snap.config.placement, snap.cluster, snap.running
-        free_whole = work.free_whole_by_model
+                     pairs: list[tuple[int, int]], placed: dict, tried: set,
+                     scale: list[float], frac: list[bool], on: list[int]) -> None:
+        """Place `pairs` in order (a job at most once). `scale`, `frac` and `on` give each
+        job's GPUs, whether it asks for a fraction, and the model it runs on (-1: none)."""
+        pcfg = snap.config.placement
+        free, whole = work.free_milli, work.free_whole_by_model.tolist()
         for i, m in pairs:
             if i in placed:
                 continue
-            if work.free_milli <= 0:
+            if free <= 0:
                 break  # every GPU is taken: nothing more can be placed
-            js = jobs[i]
-            req = js.job.request
-            if not req.fractional and free_whole[m] < req.num_gpus:
+            if not frac[i] and whole[m] < scale[i]:
                 continue
-            old = js.allocation if js.id in running else None
-            if old is not None and _model_index(cluster, old) == m and work.fits(old, req):
-                # Back on the model it just left and its GPUs are still free: no migration.
-                work.allocate(old, req)
-                placed[i] = (old, m)
-                continue
-            if (req, m) in tried:  # the state only fills up: a shape that failed stays failed
+            req = jobs[i].job.request
+            if on[i] == m:
+                old = jobs[i].allocation
+                if work.fits(old, req):  # type: ignore[arg-type]
+                    # Back on the model it just left and its GPUs are still free: no move.
+                    work.allocate(old, req)  # type: ignore[arg-type]
+                    placed[i] = (old, m)
+                    free, whole = work.free_milli, work.free_whole_by_model.tolist()
+                    continue
+            key = (id(req), m)  # the state only fills up: a shape that failed stays failed
+            if key in tried:
                 continue
             alloc = place(work, req, pcfg, models=(self._models[m],))
             if alloc is None:
-                tried.add((req, m))
+                tried.add(key)
                 continue
             work.allocate(alloc, req)
             placed[i] = (alloc, m)
+            free, whole = work.free_milli, work.free_whole_by_model.tolist()
 
     def _order_moves(self, cluster: Cluster, moves: list, d: Decisions) -> None:
         """Emit moves so that an owner applying resizes one by one (release the old GPUs,
@@ -534,9 +568,8 @@ class Gavel(Policy):
 
     def _explain_waiting(self, jobs: list[JobState], rows: np.ndarray, idx: list[int],
                          placed: dict, d: Decisions) -> None:
-        """Reasons for the jobs `idx` left waiting. A reason is given when it changes: its text
-        is rebuilt only when its rounded numbers change, and not repeated if the job already
-        has it."""
+        """Reasons for the jobs `idx` left waiting; the text is rebuilt only when its rounded
+        numbers change."""
         b = self._book
         if not idx:
             return
@@ -556,10 +589,7 @@ class Gavel(Policy):
             row = int(r[k])
             if stale[k] or b.why[row] is None:
                 b.why[row] = self._describe_row(row)
-            why = b.why[row]
-            js = jobs[i]
-            if js.reason is not why:
-                d.waiting[js.id] = why  # type: ignore[assignment]
+            d.waiting[jobs[i].id] = b.why[row]  # type: ignore[assignment]
 
     def _pinned(self, js: JobState, now: float, snap: Snapshot) -> bool:
         """Whether a running job keeps its GPUs this round whatever the priorities say."""

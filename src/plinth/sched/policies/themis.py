@@ -88,14 +88,18 @@ class Themis(Policy):
         self._sync(cluster, throughputs or self._thr)
         return self._rho(jobs, self._rows(jobs)[0], now, n_active)
 
-    def _rho(self, jobs: list[JobState], rows: np.ndarray, now: float, n_active: int
-             ) -> np.ndarray:
+    def _rho(self, jobs: list[JobState], rows: np.ndarray, now: float, n_active: int,
+             n_running: int | None = None) -> np.ndarray:
+        """`n_running`: the first jobs are the running ones (else each job is looked at)."""
         b = self._book
         est = b.est[rows]
         progress = np.fromiter((js.progress for js in jobs), float, len(jobs))
         remaining = np.maximum(0.0, est - progress)
         rate = b.rate[rows].copy()  # while waiting: the mean speed over its GPUs
-        running = [i for i, js in enumerate(jobs) if js.allocation is not None]
+        if n_running is None:
+            running = [i for i, js in enumerate(jobs) if js.allocation is not None]
+        else:
+            running = list(range(n_running))
         if running:
             rate[running] = [self._running_rate(jobs[i]) for i in running]
         total = self._cluster.total_gpus  # type: ignore[union-attr]
@@ -145,19 +149,21 @@ class Themis(Policy):
         self._sync(snap.cluster, snap.config.throughputs)
         waiting = list(islice(snap.pending, self.max_jobs))
         why_out = self._outside_why
-        for js in islice(snap.pending, self.max_jobs, self.max_jobs + snap.config.backfill_depth):
-            if js.reason is not why_out:
-                d.waiting[js.id] = why_out
         boundary = snap.config.round_s <= 0 or now >= self._round_end - 1e-9
+        # Reasons: all at a round boundary; between boundaries only the new ones.
+        for js in islice(snap.pending, self.max_jobs, self.max_jobs + snap.config.backfill_depth):
+            if boundary or js.reason is not why_out:
+                d.waiting[js.id] = why_out
         n_active = len(snap.running) + len(snap.pending)
         if boundary:
             self._round_end = now + snap.config.round_s
             jobs = list(snap.running.values()) + waiting
-            if jobs:
+            if waiting:  # with nobody waiting every lease is renewed: nothing changes
                 rows = self._rows(jobs)[0]
-                self._book.forget({js.id for js in jobs})
-                self._last_jobs = []  # its rows may have been freed
-                rho = self._rho(jobs, rows, now, n_active)
+                if len(self._book.row) > 2 * len(jobs) + 256:  # now and then, not every round
+                    self._book.forget({js.id for js in jobs})
+                    self._last_jobs = []  # its rows may have been freed
+                rho = self._rho(jobs, rows, now, n_active, len(snap.running))
                 self._new_round(snap, now, snap.state.copy(), jobs, rows, rho,
                                 self._by_rho(rows, rho), d)
         elif waiting:
@@ -189,17 +195,20 @@ class Themis(Policy):
         if cand.size:
             jobs = [waiting[i] for i in cand.tolist()]
             crows = rows[cand]
-            rho = self._rho(jobs, crows, now, n_active)
+            rho = self._rho(jobs, crows, now, n_active).tolist()
             work = state.copy()
-            cpu_left = int(b.cpu_only[crows].sum())
-            for k in self._by_rho(crows, rho):
+            cpu, frac = b.cpu_only[crows].tolist(), b.fraction[crows].tolist()
+            gpus = b.gpus[crows].tolist()
+            cpu_left = sum(cpu)
+            free, whole = work.free_milli, work.whole_free_gpus()
+            for k in self._by_rho(crows, np.array(rho)):
                 js = jobs[k]
-                cpu = b.cpu_only[crows[k]]
-                if self._may_fit(work, js, crows[k]) and self._try_start(
+                if (cpu[k] or free > 0 and (frac[k] or gpus[k] <= whole)) and self._try_start(
                         snap, work, js, d, f"Themis: mid-round, free GPUs (rho={rho[k]:.2f})"):
                     started.add(js.id)
-                cpu_left -= cpu
-                if not cpu_left and work.free_milli <= 0:
+                    free, whole = work.free_milli, work.whole_free_gpus()
+                cpu_left -= cpu[k]
+                if not cpu_left and free <= 0:
                     break  # every GPU is taken and no job left needs none
         fresh = [i for i in fresh if waiting[i].id not in started]
         if fresh:
@@ -209,56 +218,65 @@ class Themis(Policy):
                 d.waiting[js.id] = (f"Themis: rho={rho[k]:.2f}; waiting for the next round "
                                     f"at t={self._round_end:.0f}s")
 
-    def _may_fit(self, work: ClusterState, js: JobState, row: int) -> bool:
-        """A cheap necessary condition for placing `js` on `work` (enough GPUs free at all)."""
-        b = self._book
-        if b.cpu_only[row]:
-            return True
-        if work.free_milli <= 0:
-            return False
-        return bool(b.fraction[row]) or b.gpus[row] <= work.whole_free_gpus()
-
     def _new_round(self, snap: Snapshot, now: float, work: ClusterState, jobs: list[JobState],
                    rows: np.ndarray, rho: np.ndarray, order: list[int], d: Decisions) -> None:
+        """`jobs` are the running jobs, then the waiting ones."""
+        b = self._book
+        n_run = len(snap.running)
         k = max(1, math.ceil((1.0 - self.fairness_knob) * len(jobs)))
         offered = order[:k]
-        cut = rho[offered[-1]]
-        by_id = {js.id: i for i, js in enumerate(jobs)}
+        r = rho.tolist()
+        cut = r[offered[-1]]
+        cpu, frac = b.cpu_only[rows].tolist(), b.fraction[rows].tolist()
+        gpus = b.gpus[rows].tolist()
+        free = [work.free_milli, work.whole_free_gpus()]  # kept current as `work` changes
+
+        def may_fit(i: int) -> bool:  # a cheap necessary condition for a start
+            return cpu[i] or free[0] > 0 and (frac[i] or gpus[i] <= free[1])
+
+        def changed() -> None:
+            free[0], free[1] = work.free_milli, work.whole_free_gpus()
+
         # Leases that may be reclaimed, lowest rho first; built on first need. Offered jobs
         # are visited worst rho first and a running one renews its lease when its turn comes,
         # so whatever is still in the pool then has a better (lower) rho than its claimant.
         pool: list[JobState] | None = None
+        by_id: dict[int, int] = {}
         taken: set[int] = set()  # renewed or reclaimed
         tries = self.reclaim_depth
-        running = snap.running
         for i in offered:
             js = jobs[i]
-            if js.id in running:
+            if i < n_run:
                 taken.add(js.id)
                 continue
             why = (f"Themis: among the {k} jobs with the worst finish-time fairness "
-                   f"(rho={rho[i]:.2f})")
-            if self._may_fit(work, js, rows[i]) and self._try_start(snap, work, js, d, why):
+                   f"(rho={r[i]:.2f})")
+            if may_fit(i) and self._try_start(snap, work, js, d, why):
+                changed()
                 continue
             if tries > 0:
                 tries -= 1
                 if pool is None:
-                    key = victim_order(lambda v: rho[by_id[v.id]])
-                    pool = sorted((v for v in running.values()
+                    by_id = {v.id: j for j, v in enumerate(jobs[:n_run])}
+                    key = victim_order(lambda v: r[by_id[v.id]])
+                    pool = sorted((v for v in snap.running.values()
                                    if can_preempt(v, now, snap.config)), key=key)
-                if self._try_reclaim(snap, now, work, js, rho[i], pool, taken, by_id, rho, d,
+                if self._try_reclaim(snap, now, work, js, r[i], pool, taken, by_id, rho, d,
                                      why):
+                    changed()
                     continue
-            d.waiting[js.id] = (f"Themis: rho={rho[i]:.2f} is among the {k} worst, but no GPUs "
+            d.waiting[js.id] = (f"Themis: rho={r[i]:.2f} is among the {k} worst, but no GPUs "
                                 "are free and no lease can be reclaimed")
         for i in order[k:]:
-            js = jobs[i]
-            if js.id in running:
+            if i < n_run:
                 continue
-            if not (self._may_fit(work, js, rows[i]) and self._try_start(
-                    snap, work, js, d, f"Themis: leftover GPUs (rho={rho[i]:.2f})")):
-                d.waiting[js.id] = (f"Themis: rho={rho[i]:.2f}; this round's GPUs went to the "
-                                    f"{k} jobs with rho >= {cut:.2f}")
+            js = jobs[i]
+            if may_fit(i) and self._try_start(snap, work, js, d,
+                                              f"Themis: leftover GPUs (rho={r[i]:.2f})"):
+                changed()
+                continue
+            d.waiting[js.id] = (f"Themis: rho={r[i]:.2f}; this round's GPUs went to the "
+                                f"{k} jobs with rho >= {cut:.2f}")
 
     def _try_reclaim(self, snap: Snapshot, now: float, work: ClusterState, js: JobState,
                      r: float, pool: list[JobState], taken: set[int], by_id: dict[int, int],

@@ -69,6 +69,7 @@ class Tiresias(Policy):
         if preempt_depth < 0:
             raise SpecError(f"tiresias.preempt_depth: must not be negative, got {preempt_depth}")
         self.thresholds = thr
+        self._thr = np.asarray(thr)
         self.starve_factor = starve_factor or None
         self.preempt_depth = preempt_depth
         self.starve_scan = starve_scan
@@ -97,7 +98,7 @@ class Tiresias(Policy):
         # lower queue are checked, which keeps a pass bounded however long the queue grows.
         thr, factor = self.thresholds, self.starve_factor
         pending = snap.pending
-        promoted: dict[int, str] = {}
+        promoted: dict[int, int] = {}  # job id -> the queue it is promoted from
         lifted: list[tuple[int, float, int, JobState]] = []
         ahead: list[tuple[float, JobState]] = []  # starvation limits still to come
         if factor is not None:
@@ -108,9 +109,7 @@ class Tiresias(Policy):
                         break
                     limit = js.pending_since + factor * js.executed
                     if now + MIN_WAKE >= limit:
-                        promoted[js.id] = (f"promoted from queue {q}: waited "
-                                           f"{now - js.pending_since:.0f}s >= {factor:g} x "
-                                           f"{js.executed:.0f}s run")
+                        promoted[js.id] = q
                         lifted.append((0, js.job.submit_time, js.id, js))
                     else:
                         ahead.append((limit, js))
@@ -161,7 +160,10 @@ class Tiresias(Policy):
                     waiting_q[js.id] = q
                     d.waiting[js.id] = floor[1]
                     continue
-            note = f" ({promoted[js.id]})" if js.id in promoted else ""
+            note = ""
+            if js.id in promoted:  # the reason is written only for the jobs examined
+                note = (f" (promoted from queue {promoted[js.id]}: waited "
+                        f"{now - js.pending_since:.0f}s >= {factor:g} x {js.executed:.0f}s run)")
             if plan.try_start(js, f"tiresias: queue {q}{note}"):
                 continue
             if q < top_run_q:
@@ -214,7 +216,7 @@ class Tiresias(Policy):
         best: float | None = None
         if keep.any():
             att = np.fromiter((js.attained for js in jobs), float, n)[keep]
-            thr = np.asarray(self.thresholds)[run_q[idx][keep]]
+            thr = self._thr[run_q[idx][keep]]
             best = float((now + (thr - att) / (milli[keep] / MILLI)).min())
         for js, _ in plan.started:  # a handful: the scalar formula
             q = self.queue_of(js.attained)
@@ -229,7 +231,7 @@ class Tiresias(Policy):
     def queues(self, jobs: Sequence[JobState]) -> np.ndarray:
         """`queue_of` for many jobs at once (searchsorted right is bisect_right)."""
         attained = np.fromiter((js.attained for js in jobs), float, len(jobs))
-        return np.searchsorted(self.thresholds, attained, side="right")
+        return np.searchsorted(self._thr, attained, side="right")
 
     def _first_of_queue(self, pending: Sequence[JobState], q: int) -> int:
         """Index of queue q's first job in the sorted pending queue."""

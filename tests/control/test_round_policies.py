@@ -1,0 +1,88 @@
+"""Gavel and Themis on a real control plane: lease ends and moves to other GPU models run
+checkpoint-then-stop through the job SDK, and the next attempt resumes from the checkpoint."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+STEPS = 24
+
+
+def resumable(name: str, sleep: float) -> dict:
+    # max_runtime is also the estimate Themis computes finish-time fairness with.
+    return {"name": name, "max_runtime": 120,
+            "command": ["python", "examples/jobs/resumable.py", "--steps", str(STEPS),
+                        "--sleep", str(sleep)],
+            "resources": {"cpus": 0.1, "memory": "512Mi", "gpus": 2}}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("policy", "round_s", "sleep"), [("gavel", 10, 0.2),
+                                                         ("themis", 6, 0.4)])
+def test_leases_move_jobs_between_gpu_models_and_they_resume(policy, round_s, sleep, tmp_path,
+                                                             platform_factory) -> None:
+    # 2 A100 + 2 V100 as two fake nodes; three 2-GPU jobs share them in leases longer than a
+    # restart (Python, torch, the checkpoint) and shorter than a job.
+    p = platform_factory(tmp_path / "home", "--fake-gpus", "2xA100,2xV100", "--policy", policy,
+                         "--round", str(round_s)).start()
+    try:
+        with p.client() as c:
+            assert c.health()["policy"] == policy
+            ids = [c.submit(resumable(f"r{i}", sleep)) for i in range(3)]
+            assert [c.wait(j, timeout=180) for j in ids] == ["succeeded"] * 3
+            models_of_attempts, moved = {}, 0
+            for j in ids:
+                log = c.logs(j)
+                # No step lost or repeated: the total is the sum 1..STEPS exactly once.
+                assert f"done at step {STEPS}, total {STEPS * (STEPS + 1) // 2}" in log
+                attempts = re.findall(r"=== plinth: attempt (\d+) of job \d+ .* on (\S+) ===",
+                                      log)
+                models_of_attempts[j] = [node for _, node in attempts]
+                # An attempt stopped while Python starts up saves nothing and prints nothing;
+                # every one that got going resumed where the one before had stopped.
+                stopped = [int(s) for s in re.findall(r"stopping at step (\d+)", log)]
+                resumed = [int(s) for s in re.findall(r"resumed from step (\d+)", log)]
+                assert resumed == stopped[:len(resumed)] and resumed == sorted(resumed)
+                # A step is printed after it is saved, so none is printed twice.
+                printed = [int(s) for s in re.findall(r"^step (\d+)$", log, re.M)]
+                assert len(printed) == len(set(printed)) and max(printed) == STEPS
+                # A stop that lands as the job exits may run it once more: it then resumes
+                # at the end and finishes at once, with the same total.
+                assert set(re.findall(r"done at step (\d+), total (\d+)", log)) == {
+                    (str(STEPS), str(STEPS * (STEPS + 1) // 2))}
+                d = c.job(j)
+                assert d["attempt"] == len(attempts) and d["checkpoint_step"] == STEPS
+                moved += len(set(models_of_attempts[j])) > 1
+            if policy == "gavel":
+                # Three jobs, two nodes: leases rotate, and a job moves to the other model.
+                # (Themis preempts only a job that is unfair enough, which a run this short
+                # may never see: for it, the jobs must simply all finish whole.)
+                assert sum(len(a) for a in models_of_attempts.values()) > 3, models_of_attempts
+                assert moved >= 1, models_of_attempts
+    finally:
+        p.stop()
+        p.kill_jobs()
+
+
+def test_a_policy_the_runtime_cannot_serve_is_refused_in_one_line(tmp_path) -> None:
+    from plinth.control.service import ControlPlane
+    from plinth.control.store import Store
+    from plinth.core.errors import SpecError
+    from plinth.runtime.local import LocalRuntime
+
+    class NoRelaunch(LocalRuntime):  # a runtime whose attempts cannot move to other GPUs
+        capabilities = frozenset({"checkpoint"})
+
+    rt = NoRelaunch(tmp_path / "rt", fake_gpus="2xA100")
+    store = Store(f"sqlite:///{tmp_path / 'plinth.db'}")
+    try:
+        with pytest.raises(SpecError, match=r"^--policy: gavel needs a runtime that can "
+                                            r"relaunch; NoRelaunch cannot$"):
+            ControlPlane(store, rt, home=tmp_path / "home", policy="gavel")
+        cp = ControlPlane(store, rt, home=tmp_path / "home", policy="themis")  # no move needed
+        assert cp.policy.name == "themis"
+    finally:
+        rt.close()
+        store.close()
