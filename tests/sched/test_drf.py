@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import time
 from collections import Counter
@@ -484,3 +485,96 @@ def test_a_job_is_not_blocked_by_its_own_quota_hold() -> None:
     d = policy.schedule(snap, NOW)
     assert [p.job_id for p in d.preempts] == [low.id]
     assert [s.job_id for s in d.starts] == [high.id]
+
+
+# -- shortcuts that must not change a decision ------------------------------------------------
+
+@contextlib.contextmanager
+def _without_shortcuts():
+    """The reference pass: every job read one at a time through `admit` and the put-off
+    branch, as before the run shortcuts existed."""
+    from plinth.sched.policies import drf
+
+    saved = drf._Pass.repeat_run, drf._Pass.put_off_run
+    drf._Pass.repeat_run = lambda self, q, last, scan: None
+    drf._Pass.put_off_run = lambda self, q, milli, scan: None
+    try:
+        yield
+    finally:
+        drf._Pass.repeat_run, drf._Pass.put_off_run = saved
+
+
+_shapes = [Request(gpus=1), Request(gpus=2), Request(gpus=4), Request(gpus=8)]
+
+
+@settings(max_examples=40, deadline=None)
+@given(running=st.lists(st.tuples(st.sampled_from("ab"), st.sampled_from([1, 2, 4]),
+                                  st.sampled_from([600.0, 7200.0, 36000.0])), max_size=10),
+       pending=st.lists(st.tuples(st.sampled_from("abc"), st.integers(0, 3),
+                                  st.sampled_from([0, 0, 1]),
+                                  st.sampled_from([600.0, 7200.0, 36000.0]),
+                                  st.booleans()), min_size=1, max_size=60),
+       nominal=st.tuples(*[st.sampled_from([0, 4, 8])] * 3),
+       scan=st.sampled_from([3, 7, 500]), reserve=st.booleans())
+def test_run_shortcuts_decide_as_one_job_at_a_time(running, pending, nominal, scan,
+                                                   reserve) -> None:
+    """Runs of look-alike jobs (shared or equal requests, mixed priorities and run times, so
+    that runs break on every key part) get exactly the starts, preemptions and reasons that
+    reading them one at a time gives."""
+    quotas_ = tuple(TenantQuota(n, g) for n, g in zip("abc", nominal))
+    cluster = make_cluster(nodes=2, tenants=quotas_)
+    jobs = []
+    for t, shape, prio, dur, shared in pending:
+        i = next(_ids)
+        req = _shapes[shape] if shared else Request(gpus=_shapes[shape].gpus)
+        jobs.append(Job(i, float(i), dur, req, tenant=t, priority=prio))
+    cfg = SchedConfig(backfill_depth=scan)
+    fits, state = [], ClusterState(cluster)
+    for t, g, dur in running:
+        j = job(t, gpus=g, cpus=0, duration=dur)
+        a = place(state, j.request)
+        if a is not None:
+            state.allocate(a, j.request)
+            fits.append((j, 0.0))
+
+    def decide() -> tuple:
+        pol = FairShare(reserve=reserve)
+        d = pol.schedule(snapshot(cluster, pol, jobs, fits, cfg), NOW)
+        return ([(s.job_id, s.allocation, s.reason) for s in d.starts],
+                [(p.job_id, p.reason) for p in d.preempts], dict(d.waiting), d.wake_at)
+
+    fast = decide()
+    with _without_shortcuts():
+        assert decide() == fast
+
+
+def test_long_run_of_alike_jobs_is_cut_at_backfill_depth() -> None:
+    """A run of 700 identical blocked jobs: the first `backfill_depth` get the first one's
+    reason, the rest are not read; a different job right behind the cut is not read either."""
+    cluster = make_cluster(nodes=1, tenants=quotas(a=8))
+    req = Request(gpus=8)
+    running = [(job("a", gpus=8, cpus=0), 0.0)]
+    pending = [Job(next(_ids), float(k), 3600.0, req, tenant="a") for k in range(700)]
+    pending.append(job("a", gpus=1, submit=10_000.0))
+    pol = FairShare()
+    d = pol.schedule(snapshot(cluster, pol, pending, running, SchedConfig(backfill_depth=500)),
+                     NOW)
+    assert not d.starts
+    assert list(d.waiting) == [j.id for j in pending[:500]]
+    assert len(set(d.waiting.values())) == 2  # the first (with its quota hold), then a repeat
+
+
+def test_tenant_queues_of_a_sorted_container_need_no_scan() -> None:
+    from sortedcontainers import SortedKeyList
+
+    pol = FairShare()
+    snap = snapshot(make_cluster(), pol, [job(t) for t in ["b", "a", "ab", "a\0", "c"] * 7])
+    by_tenant = tenant_queues(snap.pending)
+    queue = SortedKeyList(snap.pending, key=pol.order)
+    fast = tenant_queues(queue, key=pol.order)
+    assert {t: list(q) for t, q in fast.items()} == {t: list(q) for t, q in by_tenant.items()}
+    assert list(fast) == ["a", "a\0", "ab", "b", "c"]
+    # Kept by another order, the container is split by the checked search instead.
+    other = SortedKeyList(snap.pending, key=lambda js: (js.job.submit_time, js.id))
+    assert {t: list(q) for t, q in tenant_queues(other, key=pol.order).items()} == \
+        {t: list(q) for t, q in by_tenant.items()}

@@ -348,3 +348,88 @@ def test_registry_builds_gavel():
     assert isinstance(make_policy("gavel", max_jobs=10), Gavel)
     with pytest.raises(SpecError, match="gavel.max_jobs"):
         Gavel(max_jobs=0)
+
+
+# -- the LP over classes, its closed form for one model, and the solver paths -----------------
+
+def _lp_case(seed: int, n: int, m: int):
+    rng = np.random.default_rng(seed)
+    kinds = rng.uniform(0.05, 3.0, (max(1, n // 3), m))
+    T = kinds[rng.integers(len(kinds), size=n)]
+    scale = rng.choice([0.5, 1, 2, 4], n)
+    cap = rng.integers(1, 12, m).astype(float)
+    return T, scale, cap
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, 2**31 - 1), st.integers(2, 30), st.integers(1, 3))
+def test_lp_over_classes_has_the_optimum_of_the_lp_over_jobs(seed, n, m):
+    # Identical jobs are solved once, counted; the same LP with one row per job (no grouping:
+    # counts of one) must reach the same fairness and the same total normalised throughput.
+    T, scale, cap = _lp_case(seed, n, m)
+    grouped = max_min_fairness(T, scale, cap)
+    mask = feasible_mask(T, scale, cap)
+    flat = lp._max_min_classes(T, scale, cap, np.ones(n), mask, np.ones(n), True)
+    assert grouped.t == pytest.approx(flat.t, rel=1e-6, abs=1e-9)
+    assert grouped.rho.sum() == pytest.approx(flat.rho.sum(), rel=1e-5, abs=1e-7)
+    # Members of a class get the class's allocation.
+    key = np.column_stack([T, scale])
+    for row in np.unique(key, axis=0):
+        same = (key == row).all(axis=1)
+        assert np.ptp(grouped.X[same], axis=0) == pytest.approx(0.0, abs=1e-12)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, 2**31 - 1), st.integers(1, 30))
+def test_lp_closed_form_for_one_model_matches_the_solver(seed, n):
+    T, scale, cap = _lp_case(seed, n, 1)
+    counts = np.random.default_rng(seed).integers(1, 5, n).astype(float)
+    closed = max_min_fairness(T, scale, cap, counts=counts)
+    # A second model with no GPUs sends the same problem through HiGHS.
+    T2, cap2 = np.column_stack([T, np.ones(n)]), np.append(cap, 0.0)
+    solver = max_min_fairness(T2, scale, cap2, counts=counts)
+    assert (solver.X[:, 1] == 0).all()
+    assert closed.t == pytest.approx(solver.t, rel=1e-6, abs=1e-9)
+    assert (closed.rho * counts).sum() == pytest.approx((solver.rho * counts).sum(), rel=1e-5,
+                                                        abs=1e-7)
+    assert (closed.X[:, 0] * scale * counts).sum() <= cap[0] + 1e-6
+    assert (closed.X >= 0).all() and (closed.X <= 1 + 1e-9).all()
+
+
+def test_lp_direct_highs_and_linprog_agree(monkeypatch):
+    T, scale, cap = _lp_case(11, 40, 3)
+    direct = max_min_fairness(T, scale, cap)
+    monkeypatch.setattr(lp, "_highs", None)  # scipy's linprog, as without the bindings
+    slow = max_min_fairness(T, scale, cap)
+    assert direct.t == pytest.approx(slow.t, rel=1e-6)
+    assert direct.rho.sum() == pytest.approx(slow.rho.sum(), rel=1e-5)
+
+
+# -- the throughput matrix comes from the config; rounds can be turned off -------------------
+
+def test_allocation_follows_the_configured_matrix():
+    from plinth.core.throughput import Throughputs
+
+    jobs = [job(0, "A"), job(1, "B")]
+    for fast, slow in (("A", "B"), ("B", "A")):
+        # `fast` is 10x quicker on the V100, `slow` the same on both models.
+        thr = Throughputs.from_table({fast: {"V100": 1.0, "K80": 0.1},
+                                      slow: {"V100": 1.0, "K80": 1.0}})
+        pol = Gavel()
+        owner = Driver(make_cluster(v100=1, k80=1), jobs, pol, SchedConfig(throughputs=thr))
+        owner.step(0.0)
+        x = {t: pol.allocation(j.id) for t, j in zip("AB", jobs)}
+        assert x[fast][0] > 0.99 and x[slow][1] > 0.99, x  # each on the model it gains most
+
+
+def test_rounds_off_reallocates_at_every_event():
+    jobs = [job(0, "a3c"), job(1, "a3c", submit=10.0)]
+    for round_s, expect_preempt in ((360.0, False), (0.0, True)):
+        owner = Driver(make_cluster(v100=1, k80=0), jobs, Gavel(), SchedConfig(round_s=round_s))
+        d = owner.step(0.0)
+        assert [s.job_id for s in d.starts] == [0]
+        assert d.wake_at == (round_s or None)
+        d = owner.step(10.0)  # the newcomer has never run: it has the higher priority
+        assert bool(d.preempts) is expect_preempt
+        if expect_preempt:
+            assert [s.job_id for s in d.starts] == [1] and d.wake_at is None

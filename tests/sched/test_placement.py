@@ -7,7 +7,15 @@ from hypothesis import strategies as st
 
 from plinth.core import Allocation, Cluster, Node, Request, WorkerSlot
 from plinth.core.errors import SpecError
-from plinth.sched.placement import locality_factor, never_fits, place, place_and_allocate
+from plinth.sched.placement import (
+    DEFAULT_PLACEMENT,
+    FreedWhole,
+    locality_factor,
+    never_fits,
+    place,
+    place_and_allocate,
+    placeable,
+)
 from plinth.sched.state import ClusterState
 
 
@@ -104,3 +112,56 @@ def test_no_gpu_is_ever_over_committed(ops):
     assert used == s.used_milli
     assert (s.gpu_free_milli >= 0).all() and (s.gpu_free_mem >= 0).all()
     np.testing.assert_array_equal(s.gpu_free_milli <= 1000, True)
+
+
+def test_spread_picks_the_rack_needing_fewest_nodes_then_least_spare():
+    c = cluster(n=12, per_rack=4)
+    s = ClusterState(c)
+    # Free GPUs per node: rack r0 8,8,8,8 (32 free); rack r1 8,8,4,4 (24); rack r2 2,2,2,2.
+    for n, keep in [(6, 4), (7, 4), (8, 2), (9, 2), (10, 2), (11, 2)]:
+        s.allocate(Allocation((WorkerSlot(n, tuple(range(8 * n, 8 * n + 8 - keep))),)),
+                   Request(gpus=8 - keep))
+    a = place(s, Request(gpus=1, workers=20))
+    # r0 and r1 both need 3 nodes; r1 leaves 4 GPUs spare, r0 12: r1 wins.
+    assert {c.nodes[n].rack for n in a.nodes} == {"r1"} and len(a.nodes) == 3
+    a = place(s, Request(gpus=1, workers=28))  # only r0 holds 28: 4 nodes
+    assert {c.nodes[n].rack for n in a.nodes} == {"r0"} and len(a.nodes) == 4
+    a = place(s, Request(gpus=1, workers=40))  # no rack holds 40: across racks, largest first
+    assert len(a.slots) == 40 and len({c.nodes[n].rack for n in a.nodes}) > 1
+
+
+def _random_state(data, c: Cluster) -> tuple[ClusterState, list]:
+    s, live = ClusterState(c), []
+    for req in data.draw(st.lists(requests, max_size=25)):
+        a = place_and_allocate(s, req)
+        if a is not None:
+            live.append((a, req))
+    return s, live
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_placeable_and_freed_whole_agree_with_placing(data):
+    """`placeable` says what `place` finds; `FreedWhole` says what `placeable` says on a copy
+    with the counted allocations released, for any whole-GPU gang without CPU or memory."""
+    c = cluster(n=6, gpus=4, per_rack=2)
+    s, live = _random_state(data, c)
+    freed, released = FreedWhole(s), s.copy()
+    countable = True
+    for a, r in data.draw(st.lists(st.sampled_from(live), unique_by=id)) if live else []:
+        countable &= freed.add(a)
+        released.release(a, r)
+    for req in data.draw(st.lists(requests, min_size=1, max_size=6)):
+        assert placeable(s.copy(), req) == (place(s.copy(), req) is not None)
+        if countable and FreedWhole.countable(req, DEFAULT_PLACEMENT):
+            assert freed.fits(req) == placeable(released.copy(), req)
+    s.check()
+
+
+def test_freed_whole_refuses_gpu_shares():
+    s = ClusterState(cluster(n=1, gpus=2))
+    share = place_and_allocate(s, Request(gpu_milli=500))
+    whole = place_and_allocate(s, Request(gpus=1))
+    freed = FreedWhole(s)
+    assert freed.add(whole) and not freed.add(share)
+    assert freed.fits(Request(gpus=1)) and not freed.fits(Request(gpus=2))

@@ -226,3 +226,99 @@ def test_random_worlds_never_over_commit_or_invert_priority():
             top = max(js.job.priority for js in waiting if js.id in {s.job_id for s in d.starts})
             assert all(snap.running[p.job_id].job.priority < top for p in d.preempts)
         assert d.wake_at is None or d.wake_at > NOW
+
+
+# -- the shared machinery, against the plain formulas it replaces --------------------------
+
+def _prune_reference(work, req, victims):
+    """Drop unnecessary victims by rebuilding the state for every trial (the plain way)."""
+    from plinth.sched.placement import place
+
+    keep = list(victims)
+    for js in reversed(victims[:-1]):
+        trial = [v for v in keep if v is not js]
+        scratch = work.copy()
+        for v in trial:
+            scratch.release(v.allocation, v.job.request)
+        if place(scratch, req) is not None:
+            keep = trial
+    scratch = work.copy()
+    for v in keep:
+        scratch.release(v.allocation, v.job.request)
+    return keep, place(scratch, req)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_prune_victims_keeps_what_rebuilding_every_trial_keeps(seed):
+    from plinth.sched.placement import DEFAULT_PLACEMENT, place
+    from plinth.sched.preemption import prune_victims
+
+    rng = random.Random(seed)
+    cl = make_cluster(nodes=3, gpus=8)
+    state = ClusterState(cl)
+    jobs = []
+    for jid in range(1, 40):
+        req = (Request(gpu_milli=rng.choice([300, 500])) if rng.random() < 0.2 else
+               Request(gpus=rng.choice([1, 2]), workers=rng.choice([1, 2, 3])))
+        a = place(state, req)
+        if a is not None:
+            state.allocate(a, req)
+            jobs.append(JobState(Job(jid, 0.0, 3600.0, req), allocation=a))
+    req = Request(gpus=rng.choice([1, 2, 4]), workers=rng.choice([1, 2, 4]))
+    rng.shuffle(jobs)
+    scratch, victims = state.copy(), []
+    for js in jobs:  # victims in this order until req fits, as a search finds them
+        scratch.release(js.allocation, js.job.request)
+        victims.append(js)
+        if place(scratch, req) is not None:
+            break
+    else:
+        pytest.skip("does not fit even with every job released")
+    keep, after, alloc = prune_victims(state, req, victims, DEFAULT_PLACEMENT)
+    ref_keep, ref_alloc = _prune_reference(state, req, victims)
+    assert [v.id for v in keep] == [v.id for v in ref_keep] and alloc == ref_alloc
+    after.allocate(alloc, req)
+    after.check()
+
+
+def test_expected_ends_are_the_scalar_formula():
+    from plinth.sched.backfill import expected_ends
+
+    rng = random.Random(7)
+    jobs = []
+    for jid in range(200):
+        job = Job(jid, 0.0, rng.uniform(1, 1e5), Request(gpus=1),
+                  time_limit=rng.choice([None, rng.uniform(1, 1e5)]))
+        jobs.append(JobState(job, progress=rng.uniform(0, 1.2e5),
+                             rate=rng.choice([0.0, 0.5, 1.0, rng.uniform(0.1, 3)])))
+    now = 12_345.678
+    got = expected_ends(now, jobs, oracle=False)
+    assert got.tolist() == [now + js.remaining_estimate / (js.rate if js.rate > 0 else 1.0)
+                            for js in jobs]
+    assert expected_ends(now, jobs, oracle=True).tolist() == \
+        [now + js.remaining / (js.rate if js.rate > 0 else 1.0) for js in jobs]
+    assert expected_ends(now, jobs, oracle=False, fresh=True).tolist() == \
+        [now + js.remaining_estimate for js in jobs]
+
+
+def test_victims_below_a_bound_come_in_victim_order():
+    from plinth.sched.preemption import PreemptionPlan, victim_order
+
+    rng = random.Random(3)
+    cl, state, policy = setup(nodes=4, gpus=8)
+    run = []
+    for jid in range(1, 30):
+        js = running(state, make_job(jid, 1, prio=rng.randint(0, 4)),
+                     start=rng.choice([0.0, NOW - 10]))
+        js.progress, js.checkpointed = rng.choice([(900.0, 600.0), (700.0, 600.0), (50.0, 0.0)])
+        js.checkpoint_time = rng.choice([None, 100.0, 200.0])
+        run.append(js)
+    snap = snapshot(policy, cl, state, [], run)
+    plan = PreemptionPlan(snap, NOW, Decisions(), depth=8,
+                          importance=lambda jobs: [js.job.priority for js in jobs],
+                          whom="job")
+    for bound in range(6):
+        want = sorted((js for js in run if js.job.priority < bound),
+                      key=victim_order(lambda js: js.job.priority))
+        assert plan._ranked_below(bound) == want
+    assert plan.lowest() == min(js.job.priority for js in run)

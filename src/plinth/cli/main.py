@@ -8,6 +8,7 @@ import sys
 import typer
 from rich.console import Console
 
+from plinth.cli import export as export_cmd
 from plinth.cli import fl as fl_cmd
 from plinth.cli import place as place_cmd
 from plinth.cli import platform as platform_cmd
@@ -27,7 +28,7 @@ for _name in ("up", "submit", "ls", "show", "logs", "cancel", "nodes", "top"):
 app.add_typer(platform_cmd.tenant_app, name="tenant")
 app.command("quickstart")(quickstart_cmd.quickstart)
 app.command("place")(place_cmd.place)
-app.command("export")(__import__("plinth.cli.export", fromlist=["export"]).export)
+app.command("export")(export_cmd.export)
 app.add_typer(serve_cmd.app, name="serve")
 app.add_typer(fl_cmd.app, name="fl")
 

@@ -118,6 +118,8 @@ class Health(BaseModel):
     nodes: int
     gpus: int
     isolation: str
+    min_runtime_s: float  # the scheduler's config, for `plinth export`
+    round_s: float
 
 
 _SIM_TIME = re.compile(r"\bt=(\d+(?:\.\d+)?)s\b")
@@ -188,7 +190,8 @@ def create_app(cp: ControlPlane, auth: Auth) -> FastAPI:
     async def health() -> dict:
         return {"status": "ok", "version": plinth.__version__, "policy": cp.policy_name,
                 "nodes": len(cp.cluster.nodes), "gpus": cp.cluster.total_gpus,
-                "isolation": getattr(cp.runtime, "isolation", "none")}
+                "isolation": getattr(cp.runtime, "isolation", "none"),
+                "min_runtime_s": cp.config.min_runtime, "round_s": cp.config.round_s}
 
     @app.post("/v1/jobs", response_model=Submitted, status_code=201)
     async def submit(spec: JobSpec, who: Who) -> dict:

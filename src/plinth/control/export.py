@@ -52,6 +52,7 @@ import numpy as np
 
 from plinth.control.service import DEFAULT_ESTIMATE_S, job_from_spec
 from plinth.control.spec import JobSpec
+from plinth.control.service import policy_options as platform_policy_options
 from plinth.core.errors import SpecError
 from plinth.core.resources import Cluster, Node, Request, TenantQuota
 from plinth.core.throughput import FIXED_SPEED
@@ -216,8 +217,10 @@ def cluster_from_api(nodes: Sequence[Mapping[str, Any]],
 
 def policy_options(policy: str) -> dict[str, Any]:
     """The options the control plane builds its policy with, beyond the quotas (which are in the
-    cluster): see `ControlPlane._rebuild`."""
-    return {"preempt_within_tenant": True} if policy == "drf" else {}
+    cluster file)."""
+    opts = platform_policy_options(policy, None)
+    opts.pop("quotas", None)
+    return opts
 
 
 def replay_config(export: Export, min_runtime: float = PLATFORM_MIN_RUNTIME_S,

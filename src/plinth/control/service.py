@@ -76,6 +76,13 @@ def allocation_from_json(d: dict) -> Allocation:
                             for s in d["slots"]))
 
 
+def policy_options(policy: str, quotas: tuple[TenantQuota, ...] | None) -> dict:
+    """The options the platform builds its policy with; a replay of its export uses the same."""
+    if policy == "drf":  # tenants' quotas, and priority preemption inside a tenant
+        return {"quotas": quotas, "preempt_within_tenant": True}
+    return {}
+
+
 def job_from_spec(job_id: int, spec: JobSpec, tenant: str, submit_time: float) -> Job:
     """The scheduler's view of a platform job."""
     return Job(job_id, submit_time, spec.max_runtime or DEFAULT_ESTIMATE_S, spec.request(),
@@ -103,6 +110,7 @@ class ControlPlane:
         self._incoming: deque[tuple[Job, JobSpec]] = deque()  # submitted, not yet seen
         self.writer = GroupCommit(store)
         self._next_pass = 0.0  # monotonic time before which no pass starts
+        self._deferred: float | None = None  # a pass put off until then (spacing)
         policy_obj = self._rebuild()
         self.owner = o.Owner(self.cluster, policy_obj, self.config, keep_finished=False)
 
@@ -118,10 +126,8 @@ class ControlPlane:
         self._never_fits: dict[Request, str | None] = {}  # the nodes are fixed: memoised
         self.cluster = Cluster(tuple(self.nodes), name="local",
                                tenants=quotas if with_quota else ())
-        opts: dict = {}
-        if self.policy_name == "drf":
-            opts = {"quotas": quotas if with_quota else None, "preempt_within_tenant": True}
-        policy = make_policy(self.policy_name, **opts)
+        policy = make_policy(self.policy_name,
+                             **policy_options(self.policy_name, quotas if with_quota else None))
         missing = sorted(policy.requires - self.runtime.capabilities)
         if missing:
             raise SpecError(f"--policy: {policy.name} needs a runtime that can "
@@ -300,9 +306,9 @@ class ControlPlane:
     def _sleep_for(self) -> float:
         now = self.clock()
         t = now + 1.0  # runtime events also wake the loop; this is a safety net
-        timer = self.owner.next_timer()
-        if timer is not None:
-            t = min(t, timer)
+        for timer in (self.owner.next_timer(), self._deferred):
+            if timer is not None:
+                t = min(t, timer)
         return max(0.0, t - now)
 
     def step(self) -> None:
@@ -317,17 +323,13 @@ class ControlPlane:
                 wait = self._next_pass - time.monotonic()
                 if wait > 0:  # too soon after the last pass: come back when it is time
                     self._carry_out(out, now)
-                    self._wake_in(wait)
+                    self._deferred = now + wait
                     return
+                self._deferred = None
                 self._carry_out(out, now)
                 out = owner.handle([], now)
                 self._next_pass = time.monotonic() + max(MIN_PASS_INTERVAL_S, 9 * out.policy_s)
             self._carry_out(out, now)
-
-    def _wake_in(self, seconds: float) -> None:
-        timer = threading.Timer(seconds, self._wake.set)
-        timer.daemon = True
-        timer.start()
 
     def _runtime_events(self, reports: Iterable[RuntimeEvent]) -> list[o.Event]:
         events: list[o.Event] = []

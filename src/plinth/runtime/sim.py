@@ -5,7 +5,8 @@ instructions and reports what real processes would. By default (the model every 
 uses):
 
 - `Launch`: a `Started` event. The attempt resumes from what the job last saved, after the
-  restore overhead if it ran before, at `rate = speed(job type, GPU model) x locality`. It also
+  restore overhead if it ran before, at `rate = config.throughputs.speed(job type, GPU model) x
+  locality` (no locality factor for fixed-speed jobs: their durations were observed). It also
   declares the job's checkpoint cadence (`SchedConfig.checkpoint_interval` units of work), so
   periodic checkpoints need no event each.
 - `Stop`: the job honours SIGTERM at once and exits with 143. With `checkpoint` (a lease
@@ -44,7 +45,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from plinth.core.resources import Allocation, Cluster, Request
-from plinth.core.throughput import job_type_for, speed
+from plinth.core.throughput import FIXED_SPEED
 from plinth.core.workload import Job
 from plinth.runtime.base import LaunchSpec, WorkerLaunch, gang_env, worker_launches
 from plinth.sched.owner import (
@@ -345,8 +346,13 @@ class SimRuntime:
 
     def _launch(self, ins: Launch, now: float) -> Event:
         job, cfg = self.jobs[ins.job_id], self.config
-        rate = speed(job.job_type or job_type_for(job.id), ins.model) * \
-            locality_factor(self.cluster, ins.allocation, cfg.placement)
+        thr = cfg.throughputs
+        jtype = thr.type_of(job)
+        # A fixed-speed job's duration was observed as it ran (a pod's lifetime, a platform
+        # export), so it already holds the cost of where it ran.
+        rate = thr.speed(jtype, ins.model) * (1.0 if jtype == FIXED_SPEED else
+                                             locality_factor(self.cluster, ins.allocation,
+                                                             cfg.placement))
         t0 = now + (cfg.restore_overhead if job.id in self.ran else 0.0)
         base = self.saved.get(job.id, 0.0)
         self._seq += 1

@@ -97,7 +97,10 @@ def easy_backfill(snap: Snapshot, now: float, work: ClusterState, queue: Iterabl
 
 
 def masked(alloc: Allocation, reserved: frozenset[int]) -> Allocation:
-    """The part of `alloc` on unreserved GPUs (reserved ones are already taken on `avoid`)."""
+    """The part of `alloc` on unreserved GPUs (reserved ones are already taken on `avoid`),
+    one slot per GPU."""
+    if all(len(s.gpus) == 1 and s.gpus[0] not in reserved for s in alloc.slots):
+        return alloc  # already one GPU a slot, none reserved: the same slots
     return Allocation(tuple(WorkerSlot(s.node, (g,), s.milli, s.gpu_memory_mib)
                             for s in alloc.slots for g in s.gpus if g not in reserved))
 

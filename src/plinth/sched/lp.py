@@ -19,7 +19,8 @@ V100 and one that gains 1.2x end up trading: the first takes V100 time, the seco
 A max-min optimum is rarely unique, and the vertex a simplex solver returns can leave GPUs idle
 (any job above the minimum may get less than it could). A second LP therefore keeps t at its
 optimum and maximises the sum of rho, which makes the allocation Pareto-efficient. Both stages
-are solved by HiGHS on sparse matrices built without Python loops.
+are solved by HiGHS on sparse matrices built without Python loops, through the HiGHS bindings
+that scipy ships when it has them (stage 2 then starts from stage 1's basis), else linprog.
 
 Identical jobs (same throughput row, scale, weight and allowed models) are solved as one class:
 averaging any optimum over the members of a class is feasible and keeps both objectives, so the
@@ -37,8 +38,11 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.optimize import linprog
 
-try:  # the HiGHS bindings scipy ships (the same as the `highspy` package); linprog otherwise
+try:  # the HiGHS bindings scipy ships (those of the `highspy` package); linprog otherwise
     from scipy.optimize._highspy import _core as _highs
+
+    if not all(hasattr(_highs, n) for n in ("_Highs", "HighsLp", "MatrixFormat")):
+        _highs = None  # pragma: no cover - another scipy layout
 except ImportError:  # pragma: no cover - a scipy without them
     _highs = None
 

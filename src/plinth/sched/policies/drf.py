@@ -206,6 +206,9 @@ class _Pass:
                     q.put_off()
                     if self.policy.strict_fifo or len(q.later) >= scan:
                         q.active = False  # nothing behind may go first / enough read
+                    elif not (self.policy.reserve and q.name not in self.holds and not
+                              book.admits(t, milli, t.gpu, book.cohort_usage[t.cohort])):
+                        self.put_off_run(q, milli, scan)  # no hold to take: put off alike
                     continue
                 self.jobs[js.id] = js
                 q.advance()
@@ -227,12 +230,72 @@ class _Pass:
                     q.active, q.done, q.later, q.head = False, True, [], None
                 elif q.waits >= depth or q.seen >= scan:
                     q.active = False
+                else:
+                    self.repeat_run(q, js, scan)
             if len(self.d.preempts) != preempts:
                 # Victims' tenants now hold less, so their place in line moved up.
                 heap = line(n for n in qs if n != q.name)
                 heapq.heapify(heap)
             if q.active:
                 heapq.heappush(heap, (book.share(t), q.name))
+
+    def put_off_run(self, q: TenantQueue, milli: int, scan: int) -> None:
+        """Put off, as the first round does one at a time, the jobs right behind one just put
+        off that ask for as many GPUs: with nothing started since, each is over nominal
+        quota too, and needs no hold (the caller checked: the tenant has one, reservations
+        are off, or borrowing admits that many GPUs now)."""
+        reqs, later = self._reqs, q.later
+        while q.active:
+            req = q.head.job.request  # type: ignore[union-attr]
+            info = reqs.get(id(req))
+            if (info[1] if info is not None else self.req_info(req)[1]) != milli:
+                return
+            q.put_off()
+            if len(later) >= scan:
+                q.active = False
+
+    def repeat_run(self, q: TenantQueue, last: JobState, scan: int) -> None:
+        """Give the jobs right behind `last` that are identical to it (an equal request, the
+        same priority, and the same standing against the reservation and the tenant's quota
+        hold) `last`'s reason, as `admit` would: each is a REPEAT of it, since nothing started
+        or was preempted since. A long run of look-alike blocked jobs costs a few attribute
+        reads per job."""
+        job0 = last.job
+        token0, prio0 = self.req_info(job0.request)[0], job0.priority
+        held, hold = self.reservation, self.holds.get(q.name)
+        if hold is not None and hold[0] == last.id:
+            return  # its key says "the held job": the jobs behind it have another key
+        if held or hold:
+            late0, over0 = self._standing(last, held, hold)
+        why, waiting, jobs, reqs = self.d.waiting[last.id], self.d.waiting, self.jobs, self._reqs
+        while q.active:
+            js = q.head
+            job = js.job  # type: ignore[union-attr]
+            info = reqs.get(id(job.request))
+            if info is None:
+                info = self.req_info(job.request)
+            if info[0] != token0 or job.priority != prio0:
+                return
+            if held or hold:
+                if hold is not None and hold[0] == js.id:  # type: ignore[union-attr]
+                    return
+                if self._standing(js, held, hold) != (late0, over0):  # type: ignore[arg-type]
+                    return
+            jobs[js.id] = js  # type: ignore[union-attr,index]
+            q.advance()
+            waiting[js.id] = why  # type: ignore[union-attr]
+            q.seen += 1
+            if q.seen >= scan:
+                q.active = False
+
+    def _standing(self, js: JobState, held: tuple | None, hold: tuple | None
+                  ) -> tuple[bool, bool]:
+        """Whether `js` would outlive the GPU reservation and its tenant's quota hold: the
+        end-dependent parts of `admit`'s key."""
+        job = js.job
+        est = (job.duration if job.time_limit is None else job.time_limit) - js.progress
+        end = self.now + (est if est > 0.0 else 0.0)
+        return (held is not None and end > held[1], hold is not None and end > hold[1])
 
     # -- one job -----------------------------------------------------------------------------
     def admit(self, js: JobState) -> str:

@@ -153,6 +153,8 @@ class Gavel(Policy):
         self._run_m = np.zeros(0, dtype=np.intp)
         self._last_run: list[JobState] = []
         self._last_allocs: list[Allocation | None] = []
+        self._run_unbooked = False  # a running job had no row (outside the window)
+        self._run_where: dict[int, tuple] = {}  # job id -> (allocation, row, model index)
         self._last_now: float | None = None
         self._round_end = -math.inf
         self._outside_why = f"outside Gavel's active window (the {self.max_jobs} oldest jobs)"
@@ -203,7 +205,7 @@ class Gavel(Policy):
         """Rows of the window's jobs (added on first sight) and the indices of the new ones."""
         get = self._book.row.get
         rows = [get(js.id, -1) for js in window]
-        fresh = [i for i, r in enumerate(rows) if r < 0]
+        fresh = [i for i, r in enumerate(rows) if r < 0] if -1 in rows else []
         for i in fresh:
             js = window[i]
             rows[i] = self._book.add(js, self._class(js))
@@ -214,20 +216,36 @@ class Gavel(Policy):
         model to the jobs running now (they have run since the last pass's decisions)."""
         b = self._book
         allocs = [js.allocation for js in run]
-        if fresh or run != self._last_run or allocs != self._last_allocs:
-            # Who runs where changed (identity checks; the usual pass changes nothing here).
+        if (fresh and self._run_unbooked) or run != self._last_run or allocs != self._last_allocs:
+            # Who runs where changed (identity checks: a pass often changes nothing here).
             b.run_m[self._run_rows] = -1
             get, node_model = b.row.get, snap.cluster.node_model_list
+            where = self._run_where
             rows, models = [], []
+            unbooked = False
             for js, a in zip(run, allocs):
                 r = get(js.id)
-                if r is not None and a is not None and a.slots and a.slots[0].gpus:
-                    rows.append(r)
-                    models.append(node_model[a.slots[0].node])
+                if r is None:
+                    unbooked = True  # outside the window: not accounted
+                    continue
+                known = where.get(js.id)
+                if known is not None and known[0] is a and known[1] == r:
+                    m = known[2]
+                elif a is not None and a.slots and a.slots[0].gpus:
+                    m = node_model[a.slots[0].node]
+                    where[js.id] = (a, r, m)
+                else:
+                    continue
+                rows.append(r)
+                models.append(m)
+            if len(where) > 2 * len(run) + 64:
+                for jid in [j for j in where if j not in snap.running]:
+                    del where[jid]
             self._run_rows = np.array(rows, dtype=np.intp)
             self._run_m = np.array(models, dtype=np.intp)
             b.run_m[self._run_rows] = self._run_m
             self._last_run, self._last_allocs = run, allocs
+            self._run_unbooked = unbooked
         run_rows, run_m = self._run_rows, self._run_m
         dt = 0.0 if self._last_now is None else now - self._last_now
         self._last_now = now

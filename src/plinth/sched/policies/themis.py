@@ -93,7 +93,7 @@ class Themis(Policy):
         """`n_running`: the first jobs are the running ones (else each job is looked at)."""
         b = self._book
         est = b.est[rows]
-        progress = np.fromiter((js.progress for js in jobs), float, len(jobs))
+        progress = np.array([js.progress for js in jobs], dtype=float)
         remaining = np.maximum(0.0, est - progress)
         rate = b.rate[rows].copy()  # while waiting: the mean speed over its GPUs
         if n_running is None:
@@ -101,7 +101,10 @@ class Themis(Policy):
         else:
             running = list(range(n_running))
         if running:
-            rate[running] = [self._running_rate(jobs[i]) for i in running]
+            now_rate = [jobs[i].rate for i in running]
+            if min(now_rate) <= 0:  # not started yet: the speed of its model
+                now_rate = [self._running_rate(jobs[i]) for i in running]
+            rate[running] = now_rate
         total = self._cluster.total_gpus  # type: ignore[union-attr]
         ideal = np.maximum(est, 1.0) * np.maximum(1.0, n_active * b.gpus[rows] / total)
         shared = (now - b.submit[rows]) + remaining / rate
@@ -121,7 +124,7 @@ class Themis(Policy):
             return self._last_rows, []
         get = b.row.get
         rows = [get(js.id, -1) for js in jobs]
-        fresh = [i for i, r in enumerate(rows) if r < 0]
+        fresh = [i for i, r in enumerate(rows) if r < 0] if -1 in rows else []
         for i in fresh:
             rows[i] = b.add(jobs[i], self._waiting_rate(jobs[i]))
         self._last_jobs, self._last_rows = jobs, np.array(rows, dtype=np.intp)
@@ -267,16 +270,22 @@ class Themis(Policy):
                     continue
             d.waiting[js.id] = (f"Themis: rho={r[i]:.2f} is among the {k} worst, but no GPUs "
                                 "are free and no lease can be reclaimed")
-        for i in order[k:]:
-            if i < n_run:
-                continue
+        rest = [i for i in order[k:] if i >= n_run]
+        cpu_left = sum(cpu[i] for i in rest)
+        why = f"; this round's GPUs went to the {k} jobs with rho >= {cut:.2f}"
+        for n, i in enumerate(rest):
+            if not cpu_left and free[0] <= 0:
+                # Every GPU is taken and nobody left can do without one: the rest just wait.
+                d.waiting.update((jobs[i].id, f"Themis: rho={r[i]:.2f}{why}")
+                                 for i in rest[n:])
+                break
+            cpu_left -= cpu[i]
             js = jobs[i]
             if may_fit(i) and self._try_start(snap, work, js, d,
                                               f"Themis: leftover GPUs (rho={r[i]:.2f})"):
                 changed()
                 continue
-            d.waiting[js.id] = (f"Themis: rho={r[i]:.2f}; this round's GPUs went to the "
-                                f"{k} jobs with rho >= {cut:.2f}")
+            d.waiting[js.id] = f"Themis: rho={r[i]:.2f}{why}"
 
     def _try_reclaim(self, snap: Snapshot, now: float, work: ClusterState, js: JobState,
                      r: float, pool: list[JobState], taken: set[int], by_id: dict[int, int],

@@ -37,8 +37,8 @@ nothing behind it that needs a GPU could start then.
 from __future__ import annotations
 
 import bisect
-import heapq
-from collections.abc import Sequence
+import itertools
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
@@ -98,25 +98,33 @@ class Tiresias(Policy):
         # lower queue are checked, which keeps a pass bounded however long the queue grows.
         thr, factor = self.thresholds, self.starve_factor
         pending = snap.pending
+        # Queue q's jobs are pending[bounds[q]:bounds[q + 1]].
+        bounds = [0, *(self._first_of_queue(pending, q) for q in range(1, len(thr) + 1)),
+                  len(pending)]
         promoted: dict[int, int] = {}  # job id -> the queue it is promoted from
-        lifted: list[tuple[int, float, int, JobState]] = []
-        ahead: list[tuple[float, JobState]] = []  # starvation limits still to come
+        lifted: list[tuple[float, int, JobState]] = []  # (submit time, id, job), promoted
+        ahead_limits: list[float] = []  # starvation limits still to come, and whose
+        ahead_ids: list[int] = []
         if factor is not None:
             for q in range(1, len(thr) + 1):
-                first = self._first_of_queue(pending, q)
-                for js in pending[first:first + self.starve_scan]:
-                    if bisect.bisect_right(thr, js.attained) != q:
-                        break
-                    limit = js.pending_since + factor * js.executed
-                    if now + MIN_WAKE >= limit:
-                        promoted[js.id] = q
-                        lifted.append((0, js.job.submit_time, js.id, js))
-                    else:
-                        ahead.append((limit, js))
-        lifted.sort(key=lambda e: e[:3])
-        stay = ((bisect.bisect_right(thr, js.attained), js.job.submit_time, js.id, js)
-                for js in pending if js.id not in promoted)
-        entries = heapq.merge(lifted, stay, key=lambda e: e[:3]) if lifted else stay
+                lo = bounds[q]
+                jobs = pending[lo:min(lo + self.starve_scan, bounds[q + 1])]
+                if not jobs:
+                    continue
+                # limit = pending_since + factor x executed, for the oldest jobs at once.
+                n = len(jobs)
+                limit = (np.fromiter((js.pending_since for js in jobs), float, n)
+                         + factor * np.fromiter((js.executed for js in jobs), float, n))
+                due = now + MIN_WAKE >= limit
+                for i in np.flatnonzero(due).tolist():
+                    js = jobs[i]
+                    promoted[js.id] = q
+                    lifted.append((js.job.submit_time, js.id, js))
+                rest = np.flatnonzero(~due).tolist()
+                ahead_limits += limit[rest].tolist()
+                ahead_ids += [jobs[i].id for i in rest]
+        lifted.sort(key=lambda e: e[:2])
+        entries = self._entries(pending, bounds, lifted, promoted)
 
         # Every running job's queue, vectorised: a pass reads it for all of them.
         running = list(snap.running.values())
@@ -136,7 +144,7 @@ class Tiresias(Policy):
         # since a preemption can free more than it uses.
         floors: dict[int, tuple[int, str]] = {}
         preempts_seen = 0
-        for q, _, _, js in entries:
+        for q, js in entries:
             if first_waiting is not None:
                 examined += 1
                 if examined > depth:  # as Slurm's bf_max_job_test: bound the pass
@@ -189,7 +197,8 @@ class Tiresias(Policy):
                 floors[req.gpus] = (req.workers, d.waiting[js.id])
 
         started = {s.job_id for s in d.starts}
-        next_promotion = min((t for t, js in ahead if js.id not in started), default=None)
+        next_promotion = min((t for t, i in zip(ahead_limits, ahead_ids) if i not in started),
+                             default=None)
         d.wake_at = plan.wake_at(self._next_demotion(plan, running, run_q, waiting_q),
                                  next_promotion)
         return d
@@ -228,6 +237,27 @@ class Tiresias(Policy):
                 best = t if best is None or t < best else best
         return best
 
+    @staticmethod
+    def _entries(pending: Sequence[JobState], bounds: list[int],
+                 lifted: list[tuple[float, int, JobState]], promoted: dict[int, int]
+                 ) -> Iterator[tuple[int, JobState]]:
+        """(effective queue, job) in pass order: queue 0 with the promoted jobs merged in by
+        (submit time, id), then each lower queue without them. The queue index comes from
+        the segment a job is in, not from its attained service (the same, by the order)."""
+        li = 0
+        for js in _walk(pending, 0, bounds[1]):
+            key = (js.job.submit_time, js.id)
+            while li < len(lifted) and lifted[li][:2] < key:
+                yield 0, lifted[li][2]
+                li += 1
+            yield 0, js
+        for _, _, js in lifted[li:]:
+            yield 0, js
+        for q in range(1, len(bounds) - 1):
+            for js in _walk(pending, bounds[q], bounds[q + 1]):
+                if js.id not in promoted:
+                    yield q, js
+
     def queues(self, jobs: Sequence[JobState]) -> np.ndarray:
         """`queue_of` for many jobs at once (searchsorted right is bisect_right)."""
         attained = np.fromiter((js.attained for js in jobs), float, len(jobs))
@@ -239,3 +269,13 @@ class Tiresias(Policy):
         if by_key is not None:
             return by_key((q,))
         return bisect.bisect_left(pending, (q,), key=self.order)
+
+
+def _walk(pending: Sequence[JobState], lo: int, hi: int) -> Iterator[JobState]:
+    """pending[lo:hi], lazily: a pass reads only the start of a long segment."""
+    islice = getattr(pending, "islice", None)  # a sorted container walks in O(1) a step
+    if islice is not None:
+        return iter(islice(lo, hi))
+    if lo == 0:
+        return itertools.islice(pending, hi)
+    return (pending[i] for i in range(lo, hi))
