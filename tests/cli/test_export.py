@@ -198,7 +198,7 @@ def test_a_running_job_is_left_out_with_a_note_and_the_rest_exported(server, tmp
             meta = ex.read_meta(tmp_path / "run.meta.json")
             assert meta["policy"] == "drf" and meta["sched_config"]["min_runtime"] == 30
             assert meta["sched_config"]["round_s"] == 360
-            assert "--min-runtime 30 (assumed" in meta["sched_config_source"]
+            assert "--min-runtime 30 (reported by the control plane)" in meta["sched_config_source"]
             one_line(plinth("-o", str(tmp_path / "no" / "such" / "dir.csv"), server=url,
                             token=token), "cannot write")
         finally:
