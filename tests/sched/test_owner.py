@@ -69,7 +69,7 @@ def test_a_start_on_gpus_a_stopping_job_still_holds_waits_for_its_exit():
     # The plan gave the GPU to job 2 at once, but its processes must wait for job 1's to end.
     assert [(s.job_id, s.reason) for s in stops(out)] == [(1, StopReason.PREEMPT)]
     assert launches(out) == [] and w.jobs[2].status is State.RUNNING
-    assert w.reasons[2] == o.WAITING_FOR_RELEASE
+    assert w.jobs[2].reason == o.WAITING_FOR_RELEASE
     assert w.jobs[1] in w.pending  # planned pending again already
     out = w.handle([o.Exited(1, 1, 143)], 3.0)
     assert launches(out) == [2]

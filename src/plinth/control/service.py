@@ -258,7 +258,9 @@ class ControlPlane:
             return js.status.value if js is not None else State.CANCELLED.value
 
     def reason(self, job_id: int) -> str | None:
-        return self.owner.reasons.get(job_id, "queued: waiting for the next scheduling pass")
+        js = self.owner.jobs.get(job_id)
+        return js.reason if js is not None and js.reason else \
+            "queued: waiting for the next scheduling pass"
 
     def log_path(self, job_id: int) -> Path:
         return self.home / "logs" / f"{job_id}.log"

@@ -202,7 +202,6 @@ class Owner:
         self.stop_why: dict[int, tuple[StopReason, bool]] = {}  # STOPPING: why, and saving?
         self.deadlines: dict[int, float] = {}
         self.wake_at: float | None = None
-        self.reasons: dict[int, str] = {}
         self.passes = self.preemptions = 0
         self.lost_work = 0.0
         # What happened since the last pass, to decide whether one is worth running.
@@ -418,8 +417,13 @@ class Owner:
 
     def _pass(self, now: float) -> Decisions:
         if now != self._touched_at:  # a second pass at the same instant finds them current
-            for js in self.running.values():
-                self._touch(js, now)
+            # Running jobs only: a stopping one may sit in the pending queue, sorted by the
+            # service it had when it was stopped.
+            account, runs = self._account, self.runs
+            for jid, js in self.running.items():
+                run = runs.get(jid)
+                if run is not None:  # launched
+                    account(js, run, now)
             self._touched_at = now
         snap = Snapshot(self.cluster, self.state, self.pending, self.running, self.config)
         t0 = time.perf_counter()
@@ -463,13 +467,14 @@ class Owner:
                 raise AssertionError(f"policy {name}: cannot start job {s.job_id}: "
                                      f"{js.status.value if js else 'unknown'}")
             self._start(js, s.allocation, s.reason, s.model, now)
-        reasons = self.reasons
+        # Hot: a pass may give a reason to hundreds of waiting jobs (backfill examines 500).
+        pending = State.PENDING
         for jid, why in d.waiting.items():
             js = jobs.get(jid)
-            if js is not None and js.status is State.PENDING:
-                if jid in running:
-                    raise AssertionError(f"policy {name}: job {jid} both started and waiting")
-                js.reason = reasons[jid] = why
+            if js is not None and js.status is pending:
+                js.reason = why
+            elif self.validate and jid in running:
+                raise AssertionError(f"policy {name}: job {jid} both started and waiting")
 
     # --- transitions --------------------------------------------------------------------------
 
@@ -510,7 +515,6 @@ class Owner:
         js.start_time = now
         if js.first_start is None:
             js.first_start = now
-        self.reasons.pop(js.id, None)
         self.running[js.id] = js
         self.waiting_launch[js.id] = js
 
@@ -522,12 +526,11 @@ class Owner:
         for jid, js in list(self.waiting_launch.items()):
             alloc, req = js.allocation, js.job.request
             if not held.fits(alloc, req):  # type: ignore[arg-type]
-                js.reason = self.reasons[jid] = WAITING_FOR_RELEASE
+                js.reason = WAITING_FOR_RELEASE
                 continue
             del self.waiting_launch[jid]
             held.allocate(alloc, req)  # type: ignore[arg-type]
             if js.reason is WAITING_FOR_RELEASE:
-                self.reasons.pop(jid, None)
                 js.reason = "launched once stopping jobs had released its resources"
                 self._note(js, now, "launched", js.reason)
             js.start_time = now  # the run is charged from its launch
@@ -579,7 +582,7 @@ class Owner:
         self._move(js, State.PENDING, now, kind, message, allocation=None, stop_reason=None,
                    reason=why, **fields)
         js.pending_since, js.start_time, js.allocation = now, None, None
-        js.reason = self.reasons[js.id] = why
+        js.reason = why
         self._queue(js)
 
     def _rewind(self, js: JobState) -> None:
@@ -592,7 +595,6 @@ class Owner:
                 **fields: object) -> None:
         self._move(js, state, now, kind, message, end_time=now, reason=message, **fields)
         js.end_time, js.reason = now, message
-        self.reasons.pop(js.id, None)
         if not self.keep_finished:
             del self.jobs[js.id]
 
@@ -605,15 +607,20 @@ class Owner:
         return progress if progress < duration else duration
 
     def _account(self, js: JobState, run: _Run, now: float) -> None:
-        js.progress = self._progress_at(js, run, now)
+        # Hot: every pass brings every running job up to date. `_progress_at` and
+        # `periodic_checkpoint` are written out inline here for that reason.
+        ran = now - run.t0
+        progress = run.base_progress + run.rate * ran if ran > 0 else run.base_progress
+        duration = js.job.duration
+        js.progress = progress = progress if progress < duration else duration
         ran = now - run.start
         js.attained = run.base_attained + run.gpus * ran
         js.executed = run.base_executed + ran
-        if run.every > 0:
-            saved = periodic_checkpoint(js.progress, js.checkpointed, run.every)
-            if saved != js.checkpointed:
-                js.checkpointed = saved
-                js.checkpoint_time = run.t0 + (saved - run.base_progress) / run.rate
+        every = run.every
+        if every > 0 and progress - js.checkpointed >= every:
+            saved = math.floor(progress / every) * every
+            js.checkpointed = saved
+            js.checkpoint_time = run.t0 + (saved - run.base_progress) / run.rate
 
     def _touch(self, js: JobState, now: float) -> None:
         run = self.runs.get(js.id)
