@@ -165,14 +165,19 @@ def test_rounds_off_reallocates_at_every_event(tmp_path, typed_trace):
 
 
 def test_a_heterogeneous_result_follows_the_matrix(tmp_path, typed_trace):
-    # The same trace and cluster; only the K80's speed for each job type differs.
-    a = sim_rows(tmp_path, typed_trace, "--compare", "gavel,themis", "--throughputs",
+    # The same trace and cluster; only the K80's speed for each job type differs. FIFO's
+    # decisions ignore speeds, so its result moves only because the jobs ran at other speeds.
+    a = sim_rows(tmp_path, typed_trace, "--compare", "gavel,themis,fifo", "--throughputs",
                  matrix(tmp_path, "a.csv", (0.1, 0.9)), name="a.json")
-    b = sim_rows(tmp_path, typed_trace, "--compare", "gavel,themis", "--throughputs",
+    b = sim_rows(tmp_path, typed_trace, "--compare", "gavel,themis,fifo", "--throughputs",
                  matrix(tmp_path, "b.csv", (0.9, 0.1)), name="b.json")
-    for name in ("gavel", "themis"):
+    for name in ("gavel", "themis", "fifo"):
         assert (a[name]["avg_jct_s"], a[name]["preemptions"]) != \
             (b[name]["avg_jct_s"], b[name]["preemptions"]), name
+    # The same matrix twice gives the same numbers: the difference is the matrix's.
+    again = sim_rows(tmp_path, typed_trace, "--policy", "fifo", "--throughputs",
+                     matrix(tmp_path, "a2.csv", (0.1, 0.9)), name="a2.json")
+    assert again["fifo"]["avg_jct_s"] == a["fifo"]["avg_jct_s"]
 
 
 @pytest.mark.parametrize("content, suffix, needle", [

@@ -41,10 +41,14 @@ def test_leases_move_jobs_between_gpu_models_and_they_resume(policy, round_s, sl
                                       log)
                 models_of_attempts[j] = [node for _, node in attempts]
                 # An attempt stopped while Python starts up saves nothing and prints nothing;
-                # every one that got going resumed where the one before had stopped.
-                stopped = [int(s) for s in re.findall(r"stopping at step (\d+)", log)]
-                resumed = [int(s) for s in re.findall(r"resumed from step (\d+)", log)]
-                assert resumed == stopped[:len(resumed)] and resumed == sorted(resumed)
+                # every one that got going resumed where the ones before had got to (a step is
+                # saved, then printed: at most one saved step may not have been printed).
+                last = 0
+                for line in log.splitlines():
+                    if m := re.fullmatch(r"step (\d+)", line):
+                        last = int(m.group(1))
+                    elif m := re.match(r"resumed from step (\d+)", line):
+                        assert int(m.group(1)) in (last, last + 1), (line, last)
                 # A step is printed after it is saved, so none is printed twice.
                 printed = [int(s) for s in re.findall(r"^step (\d+)$", log, re.M)]
                 assert len(printed) == len(set(printed)) and max(printed) == STEPS

@@ -9,17 +9,15 @@ import numpy as np
 import pytest
 
 from plinth.core.errors import SpecError
+from plinth.core.resources import Request
 from plinth.core.throughput import (
     DEFAULT_THROUGHPUTS,
     FIXED_SPEED,
     JOB_TYPES,
     THROUGHPUT,
     Throughputs,
-    job_type_for,
-    speed,
 )
 from plinth.core.workload import Job
-from plinth.core.resources import Request
 
 # Gavel's layout (scheduler/simulation_throughputs.json): worker type -> "(name, scale)" ->
 # {"null": alone, "(other job, scale)": [co-located pair]}. Numbers made up for the test.
@@ -58,18 +56,19 @@ def load_error(path: str) -> str:
 def test_builtin_matrix_is_the_table():
     for jtype, row in THROUGHPUT.items():
         for model, v in row.items():
-            assert DEFAULT_THROUGHPUTS.speed(jtype, model) == v == speed(jtype, model)
+            assert DEFAULT_THROUGHPUTS.speed(jtype, model) == v
     # Unmeasured model or unknown type: the catalog's speed relative to a V100.
     assert DEFAULT_THROUGHPUTS.speed("resnet50", "H100") == pytest.approx(3.2)
     assert DEFAULT_THROUGHPUTS.speed("no-such-type", "K80") == pytest.approx(0.25)
     assert DEFAULT_THROUGHPUTS.speed(FIXED_SPEED, "K80") == 1.0
     assert DEFAULT_THROUGHPUTS.speed("resnet50", None) == 1.0
     # Untyped jobs are spread over the types by id, as before the matrix was an object.
-    assert [job_type_for(i) for i in range(50)] == \
+    assert [DEFAULT_THROUGHPUTS.job_type_for(i) for i in range(50)] == \
         [JOB_TYPES[(i * 2654435761) % len(JOB_TYPES)] for i in range(50)]
     typed = Job(3, 0.0, 1.0, Request(gpus=1), job_type="lm")
     assert DEFAULT_THROUGHPUTS.type_of(typed) == "lm"
-    assert DEFAULT_THROUGHPUTS.type_of(Job(3, 0.0, 1.0, Request(gpus=1))) == job_type_for(3)
+    assert DEFAULT_THROUGHPUTS.type_of(Job(3, 0.0, 1.0, Request(gpus=1))) == \
+        DEFAULT_THROUGHPUTS.job_type_for(3)
 
 
 def test_speeds_row_is_cached_and_read_only():

@@ -201,3 +201,35 @@ def test_random_worlds_never_over_commit_or_preempt_same_queue():
                 next(js for js in waiting if js.id == s.job_id).attained) for s in d.starts)
             assert all(pol.queue_of(snap.running[p.job_id].attained) > best for p in d.preempts)
         assert d.wake_at is None or d.wake_at > NOW
+
+
+def _decisions(d: Decisions) -> tuple:
+    return ([(s.job_id, s.allocation, s.reason) for s in d.starts],
+            [(p.job_id, p.reason) for p in d.preempts], dict(d.waiting), d.wake_at)
+
+
+@pytest.mark.parametrize("seed", range(25))
+def test_a_sorted_container_queue_decides_as_a_sorted_list(seed):
+    """The owner keeps the queue in a SortedKeyList, which a pass walks by its own index
+    (queue boundaries, promoted jobs merged into queue 0); a plain sorted list is walked by
+    position. Both must give the same pass, promotions and preemptions included."""
+    from sortedcontainers import SortedKeyList
+
+    rng = random.Random(seed)
+    cl, st, pol = setup(nodes=2, gpus=4, thresholds=(500, 5_000), scan_depth=6, starve_scan=3)
+    run = []
+    for jid in range(1, 6):
+        job = make_job(jid, rng.choice([1, 2]))
+        if st.whole_free_gpus() >= job.request.gpus:
+            run.append(running(st, job, attained=rng.choice([0, 600, 9_000]),
+                               start=NOW - rng.choice([50, 5_000])))
+    waiting = [pending(make_job(100 + k, rng.choice([1, 2, 4]),
+                                submit=NOW - rng.randint(1, 90_000)),
+                       attained=rng.choice([0, 0, 600, 6_000]),
+                       since=NOW - rng.choice([10, 50_000, 100_000]))
+               for k in range(rng.randint(1, 25))]
+    snap = snapshot(pol, cl, st, waiting, run)
+    assert isinstance(snap.pending, list)
+    as_list = _decisions(pol.schedule(snap, NOW))
+    snap.pending = SortedKeyList(snap.pending, key=pol.order)
+    assert _decisions(pol.schedule(snap, NOW)) == as_list

@@ -158,16 +158,6 @@ class Throughputs:
 DEFAULT_THROUGHPUTS = Throughputs.from_table(THROUGHPUT, source="built-in")
 
 
-def job_type_for(job_id: int) -> str:
-    """The built-in matrix's type for an untyped job (`DEFAULT_THROUGHPUTS.job_type_for`)."""
-    return DEFAULT_THROUGHPUTS.job_type_for(job_id)
-
-
-def speed(job_type: str, model: str | None) -> float:
-    """The built-in matrix's speed (`DEFAULT_THROUGHPUTS.speed`)."""
-    return DEFAULT_THROUGHPUTS.speed(job_type, model)
-
-
 # -- readers: {job type: {model: (throughput, where)}}, `where` naming the cell for errors ------
 
 _Raw = dict[str, dict[str, tuple[float, str]]]
@@ -300,4 +290,4 @@ def _normalise(raw: _Raw, reference: str, path: str) -> Throughputs:
 
 
 __all__ = ["DEFAULT_THROUGHPUTS", "FIXED_SPEED", "JOB_TYPES", "REFERENCE_MODEL", "THROUGHPUT",
-           "Throughputs", "job_type_for", "speed"]
+           "Throughputs"]

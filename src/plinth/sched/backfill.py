@@ -129,8 +129,9 @@ def expected_ends(now: float, jobs: Sequence[JobState], oracle: bool, fresh: boo
     if oracle:
         total = np.fromiter((js.job.duration for js in jobs), float, n)
     else:
+        specs = [js.job for js in jobs]
         total = np.fromiter((j.duration if j.time_limit is None else j.time_limit
-                             for j in (js.job for js in jobs)), float, n)
+                             for j in specs), float, n)
     left = total - progress
     left = np.where(left > 0.0, left, 0.0)  # max(0, ...), NaN-for-NaN as the scalar form
     if fresh:
@@ -144,20 +145,22 @@ def reservation(snap: Snapshot, now: float, work: ClusterState, head: JobState,
                 ) -> tuple[float, frozenset[int]]:
     """When and where `head` would start if the running jobs (less those in `gone`) and the
     ones `started` in this pass end as estimated."""
-    running = [js for js in snap.running.values() if js.allocation is not None]
     if gone:
-        running = [js for js in running if js.id not in gone]
+        running = [js for js in snap.running.values()
+                   if js.allocation is not None and js.id not in gone]
+    else:
+        running = [js for js in snap.running.values() if js.allocation is not None]
     fresh = [js for js, _ in started]
     jobs = running + fresh
-    allocs = [js.allocation for js in running] + [a for _, a in started]
     ends = np.concatenate((expected_ends(now, running, oracle),
                            expected_ends(now, fresh, oracle, fresh=True)))
     ids = np.fromiter((js.id for js in jobs), np.int64, len(jobs))
     scratch = work.copy()
     req = head.job.request
-    need, pcfg = req.gpu_milli_total, snap.config.placement
+    need, pcfg, n_running = req.gpu_milli_total, snap.config.placement, len(running)
     for i in np.lexsort((ids, ends)).tolist():  # by end time, then job id
-        scratch.release(allocs[i], jobs[i].job.request)  # type: ignore[arg-type]
+        alloc = jobs[i].allocation if i < n_running else started[i - n_running][1]
+        scratch.release(alloc, jobs[i].job.request)  # type: ignore[arg-type]
         if scratch.free_milli < need:
             continue  # not enough GPU share free in total yet: skip the placement attempt
         a = place(scratch, req, pcfg)

@@ -246,6 +246,12 @@ def _run(h: object, what: str) -> np.ndarray:
     h.run()  # type: ignore[attr-defined]
     status = h.getModelStatus()  # type: ignore[attr-defined]
     if status != _highs.HighsModelStatus.kOptimal:  # type: ignore[union-attr]
+        # A restart from the previous basis can end short of a verdict ("unknown") when the
+        # pinned t sits on a tolerance edge; a solve from scratch settles it.
+        h.clearSolver()  # type: ignore[attr-defined]
+        h.run()  # type: ignore[attr-defined]
+        status = h.getModelStatus()  # type: ignore[attr-defined]
+    if status != _highs.HighsModelStatus.kOptimal:  # type: ignore[union-attr]
         raise RuntimeError(f"{what} LP failed: "
                            f"{h.modelStatusToString(status)}")  # type: ignore[attr-defined]
     return np.array(h.getSolution().col_value)  # type: ignore[attr-defined]

@@ -267,11 +267,15 @@ def _place_spread(state: ClusterState, req: Request, mid: int) -> Allocation | N
     if cap.sum() < want:
         return None
     rack_cap = np.bincount(racks, weights=cap)
-    ok = rack_cap[racks] >= want
-    if ok.any():
+    fit = np.flatnonzero(rack_cap >= want)
+    if fit.size == 1:  # one rack can hold the gang: nothing to compare
+        keep = racks == fit[0]
+        nodes, cap = nodes[keep], cap[keep]
+    elif fit.size > 1:
         # For every rack that can hold the gang at once (vectorised: one pass whatever the
         # number of racks): sort its nodes by capacity, largest first, and count how many
         # it takes to reach `want`.
+        ok = rack_cap[racks] >= want
         r, c = racks[ok], cap[ok]
         o = np.lexsort((-c, r))
         r, c = r[o], c[o]
@@ -286,11 +290,11 @@ def _place_spread(state: ClusterState, req: Request, mid: int) -> Allocation | N
         nodes, cap = nodes[keep], cap[keep]
     order = np.argsort(-cap, kind="stable")  # fewest nodes: largest capacity first
     plan, left = [], want
-    for i in order.tolist():
-        take = int(min(cap[i], left))
+    for n, c in zip(nodes[order].tolist(), cap[order].tolist()):
+        take = min(c, left)
         if take <= 0:
             break
-        plan.append((int(nodes[i]), take))
+        plan.append((n, take))
         left -= take
         if left == 0:
             break
@@ -304,16 +308,17 @@ def _place_fraction(state: ClusterState, req: Request, mid: int, cfg: PlacementC
     slots = []
     span = state.model_gpus[mid]  # only this model's GPUs, in index order
     for _ in range(req.workers):
-        mask = ((work.gpu_free_milli[span] >= req.gpu_milli)
-                & (work.gpu_free_mem[span] >= req.gpu_memory_mib))
-        if req.cpus_milli or req.memory_mib:
-            nodes = cluster.gpu_node[span]
-            if req.cpus_milli:
-                mask &= work.node_free_cpu[nodes] >= req.cpus_milli
-            if req.memory_mib:
-                mask &= work.node_free_mem[nodes] >= req.memory_mib
-        cand = np.flatnonzero(mask)
+        # The GPUs with enough SM share left (in a busy cluster, few), then among those the
+        # ones with the memory and whose node has the CPU and memory: the same set, in
+        # index order, as one mask over all, for a fraction of the work.
+        cand = np.flatnonzero(work.gpu_free_milli[span] >= req.gpu_milli)
         cand = cand + span.start if isinstance(span, slice) else span[cand]
+        if req.gpu_memory_mib:
+            cand = cand[work.gpu_free_mem[cand] >= req.gpu_memory_mib]
+        if req.cpus_milli:
+            cand = cand[work.node_free_cpu[cluster.gpu_node[cand]] >= req.cpus_milli]
+        if req.memory_mib:
+            cand = cand[work.node_free_mem[cluster.gpu_node[cand]] >= req.memory_mib]
         if cand.size == 0:
             return None
         if cfg.fractional == "fgd" and cfg.profile is not None:

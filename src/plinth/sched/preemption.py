@@ -22,7 +22,12 @@ from plinth.sched.types import Decisions, JobState, Preempt, SchedConfig, Snapsh
 
 def guaranteed_runtime(js: JobState, cfg: SchedConfig) -> float:
     """How long this run is protected. It grows with each preemption (backoff)."""
-    return cfg.min_runtime * cfg.preempt_backoff ** js.preemptions
+    return guaranteed_runtime_for(js.preemptions, cfg)
+
+
+def guaranteed_runtime_for(preemptions: int, cfg: SchedConfig) -> float:
+    """`guaranteed_runtime` of a job preempted `preemptions` times."""
+    return cfg.min_runtime * cfg.preempt_backoff ** preemptions
 
 
 def can_preempt(js: JobState, now: float, cfg: SchedConfig) -> bool:
@@ -40,6 +45,7 @@ def victim_order(importance: Callable[[JobState], object]) -> Callable[[JobState
 
 
 def _victim_key(importance: object, js: JobState) -> tuple:
+    """`victim_order`'s key, given the job's importance."""
     ckpt = js.checkpoint_time if js.checkpoint_time is not None else float("-inf")
     return (importance, js.unsaved, -ckpt, js.id)
 
@@ -141,7 +147,10 @@ class PreemptionPlan:
     only jobs of importance below a bound (see `try_preempt`)."""
 
     def __init__(self, snap: Snapshot, now: float, d: Decisions, *, depth: int,
-                 importance: Callable[[Sequence[JobState]], np.ndarray], whom: str) -> None:
+                 importance: Callable[[Sequence[JobState]], np.ndarray], whom: str,
+                 running: list[JobState] | None = None) -> None:
+        """`running`: the running jobs in the order `importance` is given them (by default
+        the snapshot's), for a policy that has their importance at hand already."""
         self.snap, self.now, self.d = snap, now, d
         self.importance = importance
         self.whom = whom  # who may be preempted, for the reasons shown to users
@@ -152,10 +161,9 @@ class PreemptionPlan:
         self.tries_left = depth
         self.wake: float | None = None
         self._failed: dict[tuple[Request, object], str] = {}
-        self._running: list[JobState] | None = None
+        self._running: list[JobState] | None = running
         self._levels: np.ndarray | None = None
-        self._prefixes: dict[object, list[JobState]] = {}
-        self._preemptible: dict[int, bool] = {}  # can_preempt, once per job per pass
+        self._prefixes: dict[object, _Candidates] = {}
 
     def try_start(self, js: JobState, reason: str) -> bool:
         """Start `js` on free resources if it fits."""
@@ -181,12 +189,13 @@ class PreemptionPlan:
             return "preemption deferred to a later pass (per-pass limit reached)"
         prefix = self._prefixes.get(below)
         if prefix is None:
-            prefix = self._prefixes[below] = self._ranked_below(below)
-        cands = [c for c in prefix if c.id not in self.victims]
-        if not cands:
+            prefix = self._prefixes[below] = _Candidates(self._ranked_below(below), self.now,
+                                                         self.cfg)
+        live = prefix.live(self.victims)
+        if not live.any():
             return f"no {self.whom} is running"
         self.tries_left -= 1
-        victims, alloc, why = self._search(req, cands)
+        victims, alloc, why = self._search(req, prefix, live)
         if alloc is None:
             self._failed[req, below] = why
             return why
@@ -214,10 +223,11 @@ class PreemptionPlan:
     # -- internals -------------------------------------------------------------------------
     def _ranking(self) -> tuple[list[JobState], np.ndarray]:
         """The running jobs and their importance, once per pass and only when needed."""
-        if self._running is None or self._levels is None:
-            self._running = list(self.snap.running.values())
+        if self._levels is None:
+            if self._running is None:
+                self._running = list(self.snap.running.values())
             self._levels = np.asarray(self.importance(self._running))
-        return self._running, self._levels
+        return self._running, self._levels  # type: ignore[return-value]
 
     def _ranked_below(self, below: float) -> list[JobState]:
         """Running jobs of importance below `below` in victim order: least important first,
@@ -242,7 +252,7 @@ class PreemptionPlan:
         self.started.append((js, alloc))
         self.d.starts.append(Start(js.id, alloc, reason))
 
-    def _search(self, req: Request, cands: list[JobState]
+    def _search(self, req: Request, cands: _Candidates, live: np.ndarray
                 ) -> tuple[list[JobState], Allocation | None, str]:
         """One scan for victims. Release, on a scratch copy, the candidates that may be
         preempted now, in order, until `req` fits: those are the victims (pruned). If it still
@@ -251,40 +261,68 @@ class PreemptionPlan:
         come sooner). Non-preemptible jobs and jobs at the preemption cap never count.
 
         `plinth.sched.preemption.find_victims` does the first half alone; the second half,
-        which tells a waiting job when its victims become preemptible, is what this adds."""
+        which tells a waiting job when its victims become preemptible, is what this adds.
+        The candidates are arrays (`_Candidates`): the scan skips at once past those that
+        cannot yet free enough GPU share in total."""
         cfg, now, work = self.cfg, self.now, self.work
         nothing = f"preempting every eligible {self.whom} would not make room"
-        eligible: list[JobState] = []
-        protected: list[JobState] = []
-        memo = self._preemptible
-        for c in cands:
-            ok = memo.get(c.id)
-            if ok is None:
-                ok = memo[c.id] = can_preempt(c, now, cfg)
-            if ok:
-                eligible.append(c)
-            elif c.job.preemptible and c.preemptions < cfg.max_preemptions:
-                protected.append(c)
-        order = eligible + protected
-        milli = [c.job.request.gpu_milli_total for c in order]
-        short = req.gpu_milli_total - work.free_milli
-        if short > sum(milli):
+        eligible = np.flatnonzero(live & cands.ok)
+        order = np.concatenate((eligible, np.flatnonzero(live & cands.protected)))
+        need = req.gpu_milli_total - work.free_milli
+        freed = np.cumsum(cands.milli[order])
+        if not order.size or need > freed[-1]:
             return [], None, nothing  # the common case in a busy cluster: no copy needed
+        # Until the released share reaches what is missing, no placement is tried: add
+        # those candidates at once, then one at a time.
+        first = int(np.searchsorted(freed, need)) if need > 0 else 0
+        jobs, n_eligible = cands.jobs, eligible.size
         scratch = Released(work, req, cfg.placement)
         released = scratch.jobs
-        for c, m in zip(order, milli):
-            scratch.add(c)
-            short -= m
-            if short > 0:
-                continue  # not enough GPU share in total yet: skip the placement attempt
+        order_list = order.tolist()
+        for i in order_list[:first]:
+            scratch.add(jobs[i])
+        for k in range(first, len(order_list)):
+            scratch.add(jobs[order_list[k]])
             if not scratch.fits():
                 continue
-            if len(released) <= len(eligible):
+            if k < n_eligible:
                 victims, _, alloc = prune_victims(work, req, released, cfg.placement)
                 return victims, alloc, ""
-            until = min((p.start_time if p.start_time is not None else now)
-                        + guaranteed_runtime(p, cfg) for p in released[len(eligible):])
+            until = float(cands.until[order[n_eligible:k + 1]].min())
             self.wake = until if self.wake is None else min(self.wake, until)
             return [], None, (f"a {self.whom} it needs is inside its guaranteed runtime "
                               f"until t={until:.0f}s")
         return [], None, nothing
+
+
+class _Candidates:
+    """Running jobs a plan may preempt for one bound, in victim order, with what a victim
+    search reads of each as arrays, computed once per pass (`now` and the config are fixed
+    for a pass): the GPU share it holds, whether it may be preempted now (`can_preempt`),
+    whether only its guaranteed runtime protects it, and until when."""
+
+    __slots__ = ("jobs", "milli", "ok", "protected", "until")
+
+    def __init__(self, jobs: list[JobState], now: float, cfg: SchedConfig) -> None:
+        n = len(jobs)
+        self.jobs = jobs
+        self.milli = np.fromiter((js.job.request.gpu_milli_total for js in jobs), np.int64, n)
+        counts = np.fromiter((js.preemptions for js in jobs), np.int64, n)
+        allowed = np.fromiter((js.job.preemptible for js in jobs), bool, n)
+        allowed &= counts < cfg.max_preemptions
+        started = np.fromiter((now if js.start_time is None else js.start_time for js in jobs),
+                              float, n)
+        # guaranteed_runtime by preemption count: a table of the scalar formula (capped jobs
+        # are never eligible, so their row does not matter).
+        cap = max(cfg.max_preemptions, 0)
+        table = np.array([guaranteed_runtime_for(k, cfg) for k in range(cap + 1)])
+        guaranteed = table[np.minimum(counts, cap)]
+        self.ok = allowed & (now - started >= guaranteed)
+        self.protected = allowed & ~self.ok
+        self.until = started + guaranteed
+
+    def live(self, victims: dict[int, JobState]) -> np.ndarray:
+        """Which candidates are not preempted yet in this pass."""
+        if not victims:
+            return np.ones(len(self.jobs), bool)
+        return np.fromiter((js.id not in victims for js in self.jobs), bool, len(self.jobs))

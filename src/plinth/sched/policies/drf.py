@@ -46,7 +46,7 @@ import numpy as np
 from plinth.core.errors import SpecError
 from plinth.core.resources import Allocation, Cluster, Request, TenantQuota
 from plinth.sched.backfill import GPU_ONLY, expected_ends, masked, reservation, without_reserved
-from plinth.sched.placement import place
+from plinth.sched.placement import place, placeable
 from plinth.sched.policies.base import Policy
 from plinth.sched.preemption import can_preempt, find_victims, guaranteed_runtime, victim_order
 from plinth.sched.quota import (
@@ -164,6 +164,7 @@ class _Pass:
         # look-alike jobs are read for every pass, and a request hashes all its fields.
         self._reqs: dict[int, tuple[int, int]] = {}
         self._canon: dict[Request, Request] = {}
+        self._fits: dict[tuple[int, int], bool] = {}  # see `fits_work`
 
     def run(self, queues: dict[str, Sequence[JobState]]) -> None:
         """Two rounds, as Kueue orders its heads: first every job that keeps its tenant
@@ -345,7 +346,7 @@ class _Pass:
             self.start(js, t, alloc, ("Admitted: " if v.kind == NOMINAL
                                       else "Admitted (borrowing): ") + v.text)
             return True
-        if late and held is not None and place(self.work, req, self.cfg.placement) is not None:
+        if late and held is not None and self.fits_work(req):
             self.d.waiting[js.id] = (f"Resources: would delay job {held[0]}, which has GPUs "
                                      f"reserved from t={held[1]:.0f}s")
             return False
@@ -417,6 +418,15 @@ class _Pass:
                                          else self._ends):
             if c == cohort and jid not in preempted:
                 yield end, name, milli
+
+    def fits_work(self, req: Request) -> bool:
+        """`placeable(self.work, req)`, remembered until the next start or preemption (only
+        those change `work`): late jobs that miss the reserved GPUs all ask it."""
+        key = (self.req_info(req)[0], len(self.d.starts) + len(self.d.preempts))
+        fits = self._fits.get(key)
+        if fits is None:
+            fits = self._fits[key] = placeable(self.work, req, self.cfg.placement)
+        return fits
 
     def req_info(self, req: Request) -> tuple[int, int]:
         """(token, milli-GPUs) of a request: the token is the same for equal requests (the

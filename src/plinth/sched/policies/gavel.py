@@ -12,7 +12,9 @@ Two layers, as in the paper:
 2. A round-based mechanism that realises X over time. At each round boundary (every
    `config.round_s`, 6 minutes by default, Gavel's `time_per_iteration`) every (job, model) pair
    gets priority X[j, m] / (share of its active time the job has run on m so far); a pair never
-   run gets infinite priority. Pairs are granted greedily by priority while the model has GPUs
+   run gets infinite priority. Ties go to the job already on the model, then to the job furthest
+   behind its allocation (its deficit, Gavel's own tie-break), then to the larger X, the faster
+   model, the older job. Pairs are granted greedily by priority while the model has GPUs
    left. Jobs that keep their model keep their GPUs (no migration); jobs granted another model
    are moved (`Resize`); running jobs granted nothing are preempted, unless their GPUs stay idle
    anyway, in which case they keep running. Between boundaries, passes only start waiting jobs

@@ -25,7 +25,15 @@ may claim GPUs, and cause preemptions, per round: f = 1 lets only the worst job 
 re-sorts the whole cluster by rho every round. What is left after the offer
 goes, work-conservingly, to the other waiting jobs in rho order without preempting anybody;
 running jobs that nobody claimed keep their lease. Between round boundaries, passes only start
-waiting jobs on free GPUs.
+waiting jobs on free GPUs. With `config.round_s = 0` ("rounds off") every pass is a round
+boundary: leases are re-decided at every event (an arrival, a completion).
+
+Speeds come from the snapshot's `config.throughputs`. What rho needs from a job that does not
+change while it is active (estimate, submit time, gang size, its waiting speed) is kept in numpy
+arrays with one row per job, so a pass reads only each job's progress. Between boundaries only
+the waiting jobs that could fit what is free are ranked, and a round with nobody waiting changes
+nothing. Reasons: every waiting job gets one at each round boundary; between boundaries only
+newcomers do (the others' has not changed). None of this changes a decision.
 
 Like Gavel, only the `max_jobs` oldest waiting jobs compete (all running jobs do), and at most
 `reclaim_depth` offered jobs per round search for leases to reclaim (each search copies the

@@ -128,12 +128,13 @@ class Tiresias(Policy):
 
         # Every running job's queue, vectorised: a pass reads it for all of them.
         running = list(snap.running.values())
-        run_q = self.queues(running)
+        attained = np.fromiter((js.attained for js in running), float, len(running))
+        run_q = np.searchsorted(self._thr, attained, side="right")  # queue_of, for all
         top_run_q = int(run_q.max()) if run_q.size else -1
         # Victims: the highest queue (most served) first, then the least unsaved work.
         plan = PreemptionPlan(snap, now, d, depth=self.preempt_depth,
-                              importance=lambda jobs: -self.queues(jobs),
-                              whom="job in a lower queue")
+                              importance=lambda jobs: -run_q,  # `jobs` is `running`
+                              running=running, whom="job in a lower queue")
 
         first_waiting: int | None = None
         examined = 0
@@ -197,14 +198,17 @@ class Tiresias(Policy):
                 floors[req.gpus] = (req.workers, d.waiting[js.id])
 
         started = {s.job_id for s in d.starts}
-        next_promotion = min((t for t, i in zip(ahead_limits, ahead_ids) if i not in started),
-                             default=None)
-        d.wake_at = plan.wake_at(self._next_demotion(plan, running, run_q, waiting_q),
-                                 next_promotion)
+        if started & set(ahead_ids):
+            next_promotion = min((t for t, i in zip(ahead_limits, ahead_ids)
+                                  if i not in started), default=None)
+        else:
+            next_promotion = min(ahead_limits, default=None)
+        d.wake_at = plan.wake_at(self._next_demotion(plan, running, run_q, attained,
+                                                     waiting_q), next_promotion)
         return d
 
-    def _next_demotion(self, plan: PreemptionPlan, running: list[JobState],
-                       run_q: np.ndarray, waiting_q: dict[int, int]) -> float | None:
+    def _next_demotion(self, plan: PreemptionPlan, running: list[JobState], run_q: np.ndarray,
+                       attained: np.ndarray, waiting_q: dict[int, int]) -> float | None:
         """When the next running (or just started) job crosses its queue's threshold. Only
         demotions that can make a job a victim matter: below some waiting job's queue, of a
         job that may be preempted at all."""
@@ -224,7 +228,7 @@ class Tiresias(Policy):
         keep &= milli > 0
         best: float | None = None
         if keep.any():
-            att = np.fromiter((js.attained for js in jobs), float, n)[keep]
+            att = attained[idx][keep]
             thr = self._thr[run_q[idx][keep]]
             best = float((now + (thr - att) / (milli[keep] / MILLI)).min())
         for js, _ in plan.started:  # a handful: the scalar formula
@@ -258,16 +262,10 @@ class Tiresias(Policy):
                 if js.id not in promoted:
                     yield q, js
 
-    def queues(self, jobs: Sequence[JobState]) -> np.ndarray:
-        """`queue_of` for many jobs at once (searchsorted right is bisect_right)."""
-        attained = np.fromiter((js.attained for js in jobs), float, len(jobs))
-        return np.searchsorted(self._thr, attained, side="right")
-
     def _first_of_queue(self, pending: Sequence[JobState], q: int) -> int:
         """Index of queue q's first job in the sorted pending queue."""
-        by_key = getattr(pending, "bisect_key_left", None)  # a SortedKeyList: no key calls
-        if by_key is not None:
-            return by_key((q,))
+        if getattr(pending, "key", None) == self.order:  # a SortedKeyList by our order:
+            return pending.bisect_key_left((q,))  # type: ignore[attr-defined]  # no key calls
         return bisect.bisect_left(pending, (q,), key=self.order)
 
 
