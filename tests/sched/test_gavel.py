@@ -396,8 +396,10 @@ def test_lp_closed_form_for_one_model_matches_the_solver(seed, n):
     assert (closed.X >= 0).all() and (closed.X <= 1 + 1e-9).all()
 
 
-def test_lp_direct_highs_and_linprog_agree(monkeypatch):
-    T, scale, cap = _lp_case(11, 40, 3)
+@pytest.mark.parametrize("seed, n, m", [(11, 40, 3), (14, 13, 3), (35, 5, 2), (18, 30, 2)])
+def test_lp_direct_highs_and_linprog_agree(monkeypatch, seed, n, m):
+    # The last three once ended stage 2's restart from stage 1's basis as "unknown".
+    T, scale, cap = _lp_case(seed, n, m)
     direct = max_min_fairness(T, scale, cap)
     monkeypatch.setattr(lp, "_highs", None)  # scipy's linprog, as without the bindings
     slow = max_min_fairness(T, scale, cap)
