@@ -41,11 +41,16 @@ import itertools
 import math
 from collections.abc import Iterable, Iterator, Sequence
 
-import numpy as np
-
 from plinth.core.errors import SpecError
 from plinth.core.resources import Allocation, Cluster, Request, TenantQuota
-from plinth.sched.backfill import GPU_ONLY, expected_ends, masked, reservation, without_reserved
+from plinth.sched.backfill import (
+    GPU_ONLY,
+    EndIndex,
+    ending,
+    masked,
+    reservation,
+    without_reserved,
+)
 from plinth.sched.placement import place, placeable
 from plinth.sched.policies.base import Policy
 from plinth.sched.preemption import can_preempt, find_victims, guaranteed_runtime, victim_order
@@ -98,6 +103,7 @@ class FairShare(Policy):
         self._derived: tuple[TenantQuota, ...] = ()
         self._totals_for: Cluster | None = None
         self._totals: tuple[int, int, int] = (0, 0, 0)
+        self.ends = EndIndex()  # running jobs by expected end, kept between passes
 
     def order(self, js: JobState) -> tuple:
         # Grouped by tenant so that a pass can find each tenant's first jobs by binary search;
@@ -264,8 +270,8 @@ class _Pass:
         job0 = last.job
         token0, prio0 = self.req_info(job0.request)[0], job0.priority
         held, hold = self.reservation, self.holds.get(q.name)
-        if hold is not None and hold[0] == last.id:
-            return  # its key says "the held job": the jobs behind it have another key
+        if (hold is not None and hold[0] == last.id) or (held is not None and held[0] == last.id):
+            return  # its reason names its own reservation or hold: the jobs behind it differ
         if held or hold:
             late0, over0 = self._standing(last, held, hold)
         why, waiting, jobs, reqs = self.d.waiting[last.id], self.d.waiting, self.jobs, self._reqs
@@ -295,7 +301,7 @@ class _Pass:
         end-dependent parts of `admit`'s key."""
         job = js.job
         est = (job.duration if job.time_limit is None else job.time_limit) - js.progress
-        end = self.now + (est if est > 0.0 else 0.0)
+        end = self.now + (max(0.0, est))
         return (held is not None and end > held[1], hold is not None and end > hold[1])
 
     # -- one job -----------------------------------------------------------------------------
@@ -307,7 +313,7 @@ class _Pass:
         held, hold = self.reservation, self.holds.get(job.tenant)
         if held or hold:  # now + js.remaining_estimate, inlined: it runs for every job read
             est = (job.duration if job.time_limit is None else job.time_limit) - js.progress
-            end = self.now + (est if est > 0.0 else 0.0)
+            end = self.now + (max(0.0, est))
         else:
             end = 0.0
         late = held is not None and end > held[1]
@@ -371,10 +377,12 @@ class _Pass:
         small jobs starves gang jobs that need a whole node, and the queue silts up with them."""
         started = [(self.jobs[s.job_id], s.allocation) for s in self.d.starts]
         # Preempted jobs' GPUs are free already: they must not be released twice.
-        shadow, reserved = reservation(self.snap, self.now, self.work, js, started, False,
-                                       self.preempted)
+        res = reservation(self.snap, self.now, self.work, js, started, False, self.preempted,
+                          self.policy.ends)
+        shadow = res.shadow
         if math.isinf(shadow):
             return ""
+        reserved = res.gpus
         self.reservation = (js.id, shadow, reserved)
         self.avoid = without_reserved(self.work, reserved)
         return f"; first in line, GPUs reserved from t={shadow:.0f}s"
@@ -398,18 +406,16 @@ class _Pass:
         """(expected end, tenant, milli-GPUs) of the jobs of `cohort` that hold GPUs now
         (running and not preempted, or started in this pass), by end then id, read lazily:
         `hold` stops at the first end that frees enough. The running jobs' ends are computed
-        and sorted once per pass, vectorised."""
+        and ordered by the policy's `EndIndex`, as the reservation takes them."""
         if self._ends is None:
-            running = list(self.snap.running.values())
-            ids = np.fromiter((r.id for r in running), np.int64, len(running))
-            ends = expected_ends(self.now, running, oracle=False)
-            order = np.lexsort((ids, ends))
-            by_end = [running[i] for i in order.tolist()]
+            running = self.snap.running
+            order = self.policy.ends.update(running, self.now)
             cohort_of = {name: t.cohort for name, t in self.book.tenants.items()}
-            self._ends = list(zip(ends[order].tolist(), ids[order].tolist(),
-                                  [r.job.tenant for r in by_end],
-                                  [self.req_info(r.job.request)[1] for r in by_end],
-                                  [cohort_of[r.job.tenant] for r in by_end]))
+            self._ends = []
+            for end, jid in ending(order, self.now, ()):
+                job = running[jid].job
+                self._ends.append((end, jid, job.tenant, self.req_info(job.request)[1],
+                                   cohort_of[job.tenant]))
         book, now, preempted = self.book, self.now, self.preempted
         fresh = sorted((now + f.remaining_estimate, f.id, f.job.tenant,
                         self.req_info(f.job.request)[1], book.tenant(f.job.tenant).cohort)
