@@ -7,7 +7,7 @@ import random
 import pytest
 
 from plinth.core.errors import SpecError
-from plinth.core.resources import Allocation, Cluster, Node, Request, WorkerSlot
+from plinth.core.resources import Cluster, Node, Request
 from plinth.core.workload import Job
 from plinth.sched.policies import make_policy
 from plinth.sched.policies.priority import StrictPriority
@@ -281,36 +281,24 @@ def test_prune_victims_keeps_what_rebuilding_every_trial_keeps(seed):
     after.check()
 
 
-def test_end_index_orders_runs_by_the_scalar_formula_fixed_when_first_seen():
-    from plinth.sched.backfill import EndIndex, ending
+def test_expected_ends_are_the_scalar_formula():
+    from plinth.sched.backfill import expected_ends
 
     rng = random.Random(7)
-    running = {}
+    jobs = []
     for jid in range(200):
         job = Job(jid, 0.0, rng.uniform(1, 1e5), Request(gpus=1),
                   time_limit=rng.choice([None, rng.uniform(1, 1e5)]))
-        running[jid] = JobState(job, allocation=Allocation((WorkerSlot(0, (0,)),)),
-                                start_time=0.0, progress=rng.uniform(0, 1.2e5),
-                                rate=rng.choice([0.0, 0.5, 1.0, rng.uniform(0.1, 3)]))
+        jobs.append(JobState(job, progress=rng.uniform(0, 1.2e5),
+                             rate=rng.choice([0.0, 0.5, 1.0, rng.uniform(0.1, 3)])))
     now = 12_345.678
-    want = sorted((now + js.remaining_estimate / (js.rate if js.rate > 0 else 1.0), js.id)
-                  for js in running.values())
-    index = EndIndex()
-    assert list(index.update(running, now)) == want
-    oracle = EndIndex(oracle=True)
-    assert list(oracle.update(running, now)) == sorted(
-        (now + js.remaining / (js.rate if js.rate > 0 else 1.0), js.id) for js in running.values())
-    # Later, the ends stay where they were; those already passed end now, by id.
-    later = now + 5_000
-    got = list(ending(index.update(running, later), later, ()))
-    due = sorted(jid for end, jid in want if end <= later)
-    assert got == [(later, j) for j in due] + [(e, j) for e, j in want if e > later]
-    # A job that left is gone; one restarted (a new start) is placed by its new end.
-    del running[want[0][1]]
-    moved = running[want[-1][1]]
-    moved.start_time, moved.progress, moved.rate = later, moved.job.estimate, 1.0
-    order = list(index.update(running, later))
-    assert order == sorted([(e, j) for e, j in want[1:-1]] + [(later, moved.id)])
+    got = expected_ends(now, jobs, oracle=False)
+    assert got.tolist() == [now + js.remaining_estimate / (js.rate if js.rate > 0 else 1.0)
+                            for js in jobs]
+    assert expected_ends(now, jobs, oracle=True).tolist() == \
+        [now + js.remaining / (js.rate if js.rate > 0 else 1.0) for js in jobs]
+    assert expected_ends(now, jobs, oracle=False, fresh=True).tolist() == \
+        [now + js.remaining_estimate for js in jobs]
 
 
 def test_victims_below_a_bound_come_in_victim_order():

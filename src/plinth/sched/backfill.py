@@ -16,11 +16,10 @@ when such a job comes (a full cluster, the usual case under load, never needs th
 
 from __future__ import annotations
 
-import heapq
 import math
-from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterable, Sequence
 
-from sortedcontainers import SortedList
+import numpy as np
 
 from plinth.core.resources import Allocation, Request, WorkerSlot
 from plinth.sched.placement import FreedWhole, PlacementConfig, place
@@ -34,14 +33,12 @@ Started = Sequence[tuple[JobState, Allocation]]
 
 def easy_backfill(snap: Snapshot, now: float, work: ClusterState, queue: Iterable[JobState],
                   d: Decisions, reason: str, oracle: bool = False, *,
-                  planned: Started = (), gone: Collection[int] = (),
-                  ends: EndIndex | None = None) -> None:
+                  planned: Started = (), gone: Collection[int] = ()) -> None:
     """Start what fits in `queue` order, with EASY backfill. Allocates on `work`.
 
     `planned` are jobs this pass already started on `work` and `gone` the running jobs it
     already preempted (a preemptive policy backfills after it has made room): the head's
-    reservation counts the first as running and the second as ended. `ends` is the policy's
-    `EndIndex` of running jobs, kept between passes."""
+    reservation counts the first as running and the second as ended."""
     cfg = snap.config
     pcfg, depth = cfg.placement, cfg.backfill_depth
     waiting, starts = d.waiting, d.starts
@@ -63,8 +60,7 @@ def easy_backfill(snap: Snapshot, now: float, work: ClusterState, queue: Iterabl
             alloc = place(work, req, pcfg)
             if alloc is None:
                 head = js
-                res = reservation(snap, now, work, js, [*planned, *started], oracle, gone,
-                                  ends)
+                res = reservation(snap, now, work, js, [*planned, *started], oracle, gone)
                 shadow = res.shadow
                 full = work.free_milli == 0
                 when = "unknown" if math.isinf(shadow) else f"t={shadow:.0f}s"
@@ -126,56 +122,29 @@ def without_reserved(work: ClusterState, reserved: frozenset[int]) -> ClusterSta
     return avoid
 
 
-def _end(js: JobState, now: float, oracle: bool, rate: float) -> float:
-    job = js.job
-    left = (job.duration if oracle or job.time_limit is None else job.time_limit) - js.progress
-    return now + (left if left > 0.0 else 0.0) / (rate if rate > 0 else 1.0)
+def expected_ends(now: float, jobs: Sequence[JobState], oracle: bool, fresh: bool = False
+                  ) -> np.ndarray:
+    """When each job is expected to end: now + remaining estimate / rate (the true remaining
+    time for an oracle). `fresh` jobs were just started and count at rate 1.
 
-
-class EndIndex:
-    """The running jobs by expected end, then id: the order in which a reservation counts
-    them as ending. Kept by a policy from pass to pass.
-
-    A run's expected end is fixed when it is first seen (the time then, plus its remaining
-    estimate over its rate), as Slurm's is its start time plus its time limit; a run that
-    outlives it counts as ending now. So a pass sorts only the runs that started or changed
-    speed since the last one, not every running job."""
-
-    __slots__ = ("_order", "_seen", "oracle")
-
-    def __init__(self, oracle: bool = False) -> None:
-        self.oracle = oracle
-        # id -> (the job's state object, its start, its rate, its end)
-        self._seen: dict[int, tuple[JobState, float | None, float, float]] = {}
-        self._order = SortedList()  # (end, id)
-
-    def update(self, running: Mapping[int, JobState], now: float) -> SortedList:
-        seen, order = self._seen, self._order
-        if len(seen) > len(running) or not seen.keys() <= running.keys():
-            for jid in seen.keys() - running.keys():
-                order.remove((seen.pop(jid)[3], jid))
-        for jid, js in running.items():
-            s = seen.get(jid)
-            if s is not None and s[0] is js and s[1] == js.start_time and s[2] == js.rate:
-                continue
-            if s is not None:
-                order.remove((s[3], jid))
-            if js.allocation is None:
-                seen.pop(jid, None)
-                continue
-            end = _end(js, now, self.oracle, js.rate)
-            seen[jid] = (js, js.start_time, js.rate, end)
-            order.add((end, jid))
-        return order
-
-
-def ending(order: SortedList, now: float, gone: Collection[int]) -> Iterator[tuple[float, int]]:
-    """(end, id) in order, less `gone`; runs already past their expected end end now, by id."""
-    yield from sorted((now, jid) for _, jid in order.irange(maximum=(now, math.inf))
-                      if jid not in gone)
-    for end, jid in order.irange(minimum=(now, math.inf)):
-        if jid not in gone:
-            yield end, jid
+    Vectorised, as the reservation needs every running job's end in every pass; the
+    arithmetic is the scalar formula's, element by element, so the times are the same."""
+    n = len(jobs)
+    if n == 0:
+        return np.empty(0)
+    progress = np.fromiter((js.progress for js in jobs), float, n)
+    if oracle:
+        total = np.fromiter((js.job.duration for js in jobs), float, n)
+    else:
+        specs = [js.job for js in jobs]
+        total = np.fromiter((j.duration if j.time_limit is None else j.time_limit
+                             for j in specs), float, n)
+    left = total - progress
+    left = np.where(left > 0.0, left, 0.0)  # max(0, ...), NaN-for-NaN as the scalar form
+    if fresh:
+        return now + left
+    rate = np.fromiter((js.rate for js in jobs), float, n)
+    return now + left / np.where(rate <= 0, 1.0, rate)
 
 
 class Reservation:
@@ -203,30 +172,32 @@ NO_RESERVATION = Reservation(math.inf, frozenset())
 
 
 def reservation(snap: Snapshot, now: float, work: ClusterState, head: JobState,
-                started: Started, oracle: bool, gone: Collection[int] = (),
-                ends: EndIndex | None = None) -> Reservation:
+                started: Started, oracle: bool, gone: Collection[int] = ()) -> Reservation:
     """When and where `head` would start if the running jobs (less those in `gone`) and the
-    ones `started` in this pass end as expected (`ends`, kept by the policy; else built for
-    this pass alone).
+    ones `started` in this pass end as expected.
 
     Ends are taken in order, by time then id. For a plain whole-GPU request the GPUs they free
     are counted (`FreedWhole`) until the request would fit; a copy of `work` with them released
     is kept, to place the request on if its GPUs are asked for."""
-    running = snap.running
-    order = (ends if ends is not None else EndIndex(oracle)).update(running, now)
-    queue: Iterable[tuple[float, int, Allocation, Request]] = (
-        (end, jid, running[jid].allocation, running[jid].job.request)  # type: ignore[misc]
-        for end, jid in ending(order, now, gone))
-    if started:
-        fresh = sorted((_end(js, now, oracle, 1.0), js.id, alloc, js.job.request)
-                       for js, alloc in started)
-        queue = heapq.merge(queue, fresh, key=lambda e: (e[0], e[1]))
+    if gone:
+        running = [js for js in snap.running.values()
+                   if js.allocation is not None and js.id not in gone]
+    else:
+        running = [js for js in snap.running.values() if js.allocation is not None]
+    fresh = [js for js, _ in started]
+    jobs = running + fresh
+    allocs = [js.allocation for js in running] + [a for _, a in started]
+    ends = np.concatenate((expected_ends(now, running, oracle),
+                           expected_ends(now, fresh, oracle, fresh=True)))
+    ids = np.fromiter((js.id for js in jobs), np.int64, len(jobs))
+    queue = ((ends[i], allocs[i], jobs[i].job.request)  # by end time, then job id
+             for i in np.lexsort((ids, ends)).tolist())
     req, pcfg = head.job.request, snap.config.placement
     need = req.gpu_milli_total
     freed = FreedWhole(work) if FreedWhole.countable(req, pcfg) else None
     taken: list[tuple[Allocation, Request]] = []
     scratch: ClusterState | None = None
-    for end, _, alloc, jreq in queue:
+    for end, alloc, jreq in queue:
         if scratch is None:
             taken.append((alloc, jreq))
             if freed is not None and freed.add(alloc):

@@ -41,16 +41,11 @@ import itertools
 import math
 from collections.abc import Iterable, Iterator, Sequence
 
+import numpy as np
+
 from plinth.core.errors import SpecError
 from plinth.core.resources import Allocation, Cluster, Request, TenantQuota
-from plinth.sched.backfill import (
-    GPU_ONLY,
-    EndIndex,
-    ending,
-    masked,
-    reservation,
-    without_reserved,
-)
+from plinth.sched.backfill import GPU_ONLY, expected_ends, masked, reservation, without_reserved
 from plinth.sched.placement import place, placeable
 from plinth.sched.policies.base import Policy
 from plinth.sched.preemption import can_preempt, find_victims, guaranteed_runtime, victim_order
@@ -103,7 +98,6 @@ class FairShare(Policy):
         self._derived: tuple[TenantQuota, ...] = ()
         self._totals_for: Cluster | None = None
         self._totals: tuple[int, int, int] = (0, 0, 0)
-        self.ends = EndIndex()  # running jobs by expected end, kept between passes
 
     def order(self, js: JobState) -> tuple:
         # Grouped by tenant so that a pass can find each tenant's first jobs by binary search;
@@ -301,7 +295,7 @@ class _Pass:
         end-dependent parts of `admit`'s key."""
         job = js.job
         est = (job.duration if job.time_limit is None else job.time_limit) - js.progress
-        end = self.now + (max(0.0, est))
+        end = self.now + (est if est > 0.0 else 0.0)
         return (held is not None and end > held[1], hold is not None and end > hold[1])
 
     # -- one job -----------------------------------------------------------------------------
@@ -313,7 +307,7 @@ class _Pass:
         held, hold = self.reservation, self.holds.get(job.tenant)
         if held or hold:  # now + js.remaining_estimate, inlined: it runs for every job read
             est = (job.duration if job.time_limit is None else job.time_limit) - js.progress
-            end = self.now + (max(0.0, est))
+            end = self.now + (est if est > 0.0 else 0.0)
         else:
             end = 0.0
         late = held is not None and end > held[1]
@@ -377,8 +371,7 @@ class _Pass:
         small jobs starves gang jobs that need a whole node, and the queue silts up with them."""
         started = [(self.jobs[s.job_id], s.allocation) for s in self.d.starts]
         # Preempted jobs' GPUs are free already: they must not be released twice.
-        res = reservation(self.snap, self.now, self.work, js, started, False, self.preempted,
-                          self.policy.ends)
+        res = reservation(self.snap, self.now, self.work, js, started, False, self.preempted)
         shadow = res.shadow
         if math.isinf(shadow):
             return ""
@@ -406,16 +399,18 @@ class _Pass:
         """(expected end, tenant, milli-GPUs) of the jobs of `cohort` that hold GPUs now
         (running and not preempted, or started in this pass), by end then id, read lazily:
         `hold` stops at the first end that frees enough. The running jobs' ends are computed
-        and ordered by the policy's `EndIndex`, as the reservation takes them."""
+        and sorted once per pass, vectorised."""
         if self._ends is None:
-            running = self.snap.running
-            order = self.policy.ends.update(running, self.now)
+            running = list(self.snap.running.values())
+            ids = np.fromiter((r.id for r in running), np.int64, len(running))
+            ends = expected_ends(self.now, running, oracle=False)
+            order = np.lexsort((ids, ends))
+            by_end = [running[i] for i in order.tolist()]
             cohort_of = {name: t.cohort for name, t in self.book.tenants.items()}
-            self._ends = []
-            for end, jid in ending(order, self.now, ()):
-                job = running[jid].job
-                self._ends.append((end, jid, job.tenant, self.req_info(job.request)[1],
-                                   cohort_of[job.tenant]))
+            self._ends = list(zip(ends[order].tolist(), ids[order].tolist(),
+                                  [r.job.tenant for r in by_end],
+                                  [self.req_info(r.job.request)[1] for r in by_end],
+                                  [cohort_of[r.job.tenant] for r in by_end]))
         book, now, preempted = self.book, self.now, self.preempted
         fresh = sorted((now + f.remaining_estimate, f.id, f.job.tenant,
                         self.req_info(f.job.request)[1], book.tenant(f.job.tenant).cohort)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from plinth.sched.backfill import EndIndex, easy_backfill
+from plinth.sched.backfill import easy_backfill
 from plinth.sched.placement import place
 from plinth.sched.policies.base import Policy
 from plinth.sched.types import Decisions, Snapshot, Start
@@ -15,13 +15,12 @@ class Fifo(Policy):
 
     def __init__(self, backfill: bool = True) -> None:
         self.backfill = backfill
-        self.ends = EndIndex()
 
     def schedule(self, snap: Snapshot, now: float) -> Decisions:
         d = Decisions()
         work = snap.state.copy()
         if self.backfill:
-            easy_backfill(snap, now, work, snap.pending, d, "fifo", ends=self.ends)
+            easy_backfill(snap, now, work, snap.pending, d, "fifo")
             return d
         for js in snap.pending:  # strict FIFO: stop at the first job that does not fit
             alloc = place(work, js.job.request, snap.config.placement)

@@ -3,7 +3,7 @@ no real scheduler knows, and backfills with true run times."""
 
 from __future__ import annotations
 
-from plinth.sched.backfill import EndIndex, easy_backfill
+from plinth.sched.backfill import easy_backfill
 from plinth.sched.policies.base import Policy
 from plinth.sched.types import Decisions, JobState, Snapshot
 
@@ -13,15 +13,11 @@ class Sjf(Policy):
 
     name = "sjf"
 
-    def __init__(self) -> None:
-        self.ends = EndIndex(oracle=True)
-
     def order(self, js: JobState) -> tuple:
         # Remaining work does not change while a job waits, so the key is stable.
         return (js.remaining * js.job.request.num_gpus, js.job.submit_time, js.job.id)
 
     def schedule(self, snap: Snapshot, now: float) -> Decisions:
         d = Decisions()
-        easy_backfill(snap, now, snap.state.copy(), snap.pending, d, "sjf", oracle=True,
-                      ends=self.ends)
+        easy_backfill(snap, now, snap.state.copy(), snap.pending, d, "sjf", oracle=True)
         return d
