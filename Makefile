@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test bench bench-flower clean
+.PHONY: run test browser bench bench-flower clean
 
 $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PY) -m venv $(VENV)
@@ -19,8 +19,16 @@ $(STAMP): pyproject.toml
 run: $(STAMP)
 	$(BIN)/plinth quickstart
 
-test: $(STAMP)
+test: $(STAMP) browser
 	$(BIN)/pytest -q -n 2
+
+# The dashboard's browser tests drive the system's Chromium (Debian's chromium and
+# chromium-driver); a browser that downloads itself cannot work here.
+SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
+browser:
+	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
+	  { $(SUDO) apt-get update -q && \
+	    $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver; }
 
 bench: $(STAMP)
 	$(BIN)/python bench/sched_pass.py

@@ -1,7 +1,10 @@
-"""Control plane speed: job submissions per second through the REST API, and the time from a
-submission to the scheduler's launch decision on an idle cluster.
+"""Control plane speed: job submissions per second through the REST API, the time from a
+submission to the scheduler's launch decision on an idle cluster, a job array from submission
+to its last task's end, `plinth ls` with 10,000 jobs stored, and what a per-tenant Unix user
+adds to a launch (as root).
 
-    python bench/platform_submit.py [--jobs 3000] [--threads 4] [--latency-jobs 200] [--json F]
+    python bench/platform_submit.py [--jobs 3000] [--threads 4] [--latency-jobs 200]
+        [--array-tasks 1000] [--stored 10000] [--json F]
 
 A real `plinth up` process (SQLite store, fake GPUs) on 127.0.0.1. For throughput, a job holding
 every GPU runs first, so the submitted jobs queue (scheduling passes still run on the growing
@@ -101,11 +104,69 @@ def decision_latency(url: str, token: str, n: int) -> np.ndarray:
     return np.array(out) * 1000
 
 
+def array_to_finish(url: str, token: str, tasks: int) -> float:
+    """Seconds from submitting a `tasks`-task array of `true` (no GPU) to its last task's end."""
+    with Client(url, token) as c:
+        t0 = time.time()
+        head = c.submit({**SPEC, "name": "array", "array": f"0-{tasks - 1}",
+                         "resources": {"cpus": 0.01, "memory": "16Mi"}})
+        assert c.wait_all(head, timeout=3600, poll_s=0.5) == "succeeded"
+        return max(j["end_time"] for j in c.jobs(array=head, all=True, limit=10000)) - t0
+
+
+def ls_latency(url: str, token: str, stored: int, runs: int = 5) -> tuple[int, float, float]:
+    """(jobs stored, ms for one `GET /v1/jobs?all` page of 1000, s for a whole `plinth ls -a`)
+    once at least `stored` jobs are stored (more are queued as one array behind the hog)."""
+    import os
+    import subprocess
+
+    with Client(url, token) as c:
+        have = c.jobs_page(all=True, limit=1)[1]
+        if have < stored:
+            c.submit({**SPEC, "name": "filler", "array": f"0-{stored - have - 1}"})
+        total = c.jobs_page(all=True, limit=1)[1]
+        times = []
+        for _ in range(runs):
+            t = time.perf_counter()
+            c.jobs_page(all=True, limit=1000)
+            times.append(time.perf_counter() - t)
+    env = {**os.environ, "PLINTH_SERVER": url, "PLINTH_TOKEN": token, "COLUMNS": "80"}
+    t = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "plinth.cli.main", "ls", "-a"], env=env, check=True,
+                   capture_output=True)
+    return total, statistics.median(times) * 1000, time.perf_counter() - t
+
+
+def user_cost(url: str, token: str, n: int) -> tuple[float, float] | None:
+    """Mean seconds from submission to the end of a `true` job run as the server's user and as
+    a tenant's own Unix user; None where the server is not root."""
+    import os
+
+    if os.geteuid() != 0:
+        return None
+    with Client(url, token) as admin:
+        admin.set_tenant("bench-user")
+        tenant_token = admin.add_token("bench-user")
+    out = []
+    for tok in (token, tenant_token):
+        with Client(url, tok) as c:
+            spans = []
+            for _ in range(n):
+                j = c.submit({**SPEC, "resources": {"cpus": 0.01, "memory": "16Mi"}})
+                c.wait(j, timeout=60, poll_s=0.005)
+                d = c.job(j)
+                spans.append(d["end_time"] - d["submit_time"])
+        out.append(statistics.fmean(spans))
+    return out[0], out[1]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--jobs", type=int, default=3000)
     ap.add_argument("--threads", type=int, default=4)
     ap.add_argument("--latency-jobs", type=int, default=200)
+    ap.add_argument("--array-tasks", type=int, default=1000)
+    ap.add_argument("--stored", type=int, default=10000)
     ap.add_argument("--json")
     args = ap.parse_args()
     home = Path(tempfile.mkdtemp(prefix="plinth-bench-")) / "home"
@@ -115,7 +176,10 @@ def main() -> None:
     url, token = f"http://127.0.0.1:{port}", (home / "token").read_text().strip()
     try:
         lat = decision_latency(url, token, args.latency_jobs)
+        users = user_cost(url, token, 50)
+        array_s = array_to_finish(url, token, args.array_tasks)
         rate, p99_submit, cpu_per = throughput(url, token, args.jobs, args.threads, proc.pid)
+        stored, ls_page_ms, ls_cli_s = ls_latency(url, token, args.stored)
     finally:
         stop_server(proc)
         kill_jobs(home)
@@ -126,7 +190,11 @@ def main() -> None:
                "decision_p50_ms": float(np.percentile(lat, 50)),
                "decision_p99_ms": float(np.percentile(lat, 99)),
                "decision_max_ms": float(lat.max()), "decision_mean_ms": statistics.fmean(lat),
-               "jobs": args.jobs, "threads": args.threads, "latency_jobs": args.latency_jobs}
+               "jobs": args.jobs, "threads": args.threads, "latency_jobs": args.latency_jobs,
+               "array_tasks": args.array_tasks, "array_submit_to_finish_s": array_s,
+               "jobs_stored": stored, "ls_page_ms": ls_page_ms, "ls_cli_s": ls_cli_s,
+               "launch_as_server_user_s": users[0] if users else None,
+               "launch_as_tenant_user_s": users[1] if users else None}
     t = Table(title="Plinth control plane (SQLite, one process, loopback HTTP)")
     t.add_column("metric")
     t.add_column("value", justify="right")
@@ -140,6 +208,13 @@ def main() -> None:
               f"{results['decision_p50_ms']:.1f}", "")
     t.add_row("submit-to-launch-decision p99 (ms)", f"{results['decision_p99_ms']:.1f}", "< 100")
     t.add_row("submit-to-launch-decision max (ms)", f"{results['decision_max_ms']:.1f}", "")
+    t.add_row(f"{args.array_tasks}-task array, submit to last end (s)", f"{array_s:.1f}", "")
+    t.add_row(f"GET /v1/jobs page of 1000, {stored} jobs stored (ms)", f"{ls_page_ms:.0f}", "")
+    t.add_row(f"`plinth ls -a`, {stored} jobs stored (s, the whole command)", f"{ls_cli_s:.2f}",
+              "")
+    if users:
+        t.add_row("submit to end of `true`: server's user / tenant's own user (ms)",
+                  f"{users[0] * 1000:.0f} / {users[1] * 1000:.0f}", "")
     Console().print(t)
     Console().print(f"load average during the run: {psutil.getloadavg()[0]:.1f} on "
                     f"{psutil.cpu_count()} CPUs")

@@ -12,6 +12,7 @@ print(c.logs(job))
 from __future__ import annotations
 
 import os
+import ssl
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -38,6 +39,24 @@ def default_token() -> str | None:
     return path.read_text().strip() if path.exists() else None
 
 
+def check_token(token: str | None) -> str | None:
+    """The token without surrounding whitespace (a pasted one often ends in a newline). A token
+    that cannot go in an HTTP header is refused without echoing it: it is a secret."""
+    token = token.strip() if token else None
+    if token and not all(33 <= ord(ch) < 127 for ch in token):
+        raise PlinthError("--token / PLINTH_TOKEN: the API token contains a space or a "
+                          "non-printable character; tokens are printable ASCII (plt_...)")
+    return token
+
+
+def _beside(folder: Path, arg: str) -> str:
+    """`arg` as an absolute path if it names a file in `folder`, else as it is."""
+    if not arg or arg.startswith("-") or os.path.isabs(arg) or "\n" in arg:
+        return arg
+    path = folder / arg
+    return str(path.resolve()) if path.is_file() else arg
+
+
 class ApiError(PlinthError):
     def __init__(self, status: int, detail: str) -> None:
         super().__init__(detail)
@@ -46,13 +65,24 @@ class ApiError(PlinthError):
 
 class Client:
     def __init__(self, server: str | None = None, token: str | None = None,
-                 timeout: float = 30.0) -> None:
+                 timeout: float = 30.0, ca_cert: str | None = None) -> None:
+        """`ca_cert` (or $PLINTH_CA_CERT): a PEM file of the CA that signed an https server's
+        certificate, when it is not one the system trusts."""
         self.server = (server or os.environ.get("PLINTH_SERVER") or DEFAULT_SERVER).rstrip("/")
         if "://" not in self.server:
             self.server = "http://" + self.server
-        token = token or default_token()
+        token = check_token(token or default_token())
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._http = httpx.Client(base_url=self.server, headers=headers, timeout=timeout)
+        ca_cert = ca_cert or os.environ.get("PLINTH_CA_CERT")
+        verify: Any = True
+        if ca_cert:
+            try:
+                verify = ssl.create_default_context(cafile=ca_cert)
+            except (OSError, ssl.SSLError) as e:
+                raise PlinthError(f"PLINTH_CA_CERT: cannot load {ca_cert}: "
+                                  f"{getattr(e, 'strerror', None) or e}") from None
+        self._http = httpx.Client(base_url=self.server, headers=headers, timeout=timeout,
+                                  verify=verify)
 
     def close(self) -> None:
         self._http.close()
@@ -64,6 +94,9 @@ class Client:
         self.close()
 
     def _call(self, method: str, path: str, **kw: Any) -> Any:
+        return self._send(method, path, **kw).json()
+
+    def _send(self, method: str, path: str, **kw: Any) -> httpx.Response:
         try:
             r = self._http.request(method, path, **kw)
         except httpx.TransportError as e:
@@ -75,34 +108,68 @@ class Client:
             except ValueError:
                 detail = r.text
             raise ApiError(r.status_code, f"{detail} (HTTP {r.status_code})")
-        return r.json()
+        return r
 
     # --- jobs ---------------------------------------------------------------------------------
 
-    def submit(self, spec: JobSpec | dict | str | Path) -> int:
+    def submit(self, spec: JobSpec | dict | str | Path, *, base: Path | None = None) -> int:
         """Submit a spec (a JobSpec, a dict, or a YAML path); returns the job id. As with
-        sbatch, the job runs in the directory it is submitted from unless it names one."""
+        sbatch, the job runs in the directory it is submitted from unless it names one. A
+        command argument that names a file next to the spec (`train.py` beside `train.yaml`)
+        is made absolute, so a spec runs from any directory; `base` is the spec's folder when
+        `spec` is not a path."""
         if isinstance(spec, (str, Path)):
+            base = Path(spec).parent
             spec = job_to_run(load_spec(Path(spec)), str(spec))
         elif isinstance(spec, dict):
             spec = job_to_run(spec_from_dict(spec, source="job spec"), "job spec")
-        spec = spec.model_copy(update={"workdir": os.path.abspath(spec.workdir or ".")})
+        command = spec.command if base is None else [_beside(base, a) for a in spec.command]
+        spec = spec.model_copy(update={"workdir": os.path.abspath(spec.workdir or "."),
+                                       "command": command})
         body = spec.model_dump(mode="json", exclude_none=True)
         return int(self._call("POST", "/v1/jobs", json=body)["id"])
 
-    def jobs(self, *, all: bool = False, tenant: str | None = None,
-             limit: int = 1000) -> list[dict]:
-        """Jobs, newest first: active ones, or all with `all=True`."""
-        params: dict[str, Any] = {"all": all, "limit": limit}
-        if tenant:
-            params["tenant"] = tenant
-        return self._call("GET", "/v1/jobs", params=params)
+    def wait_all(self, job_id: int, timeout: float = 600.0, poll_s: float = 0.2) -> str:
+        """`wait` for a job, or for every task of the array it heads; returns its state, or
+        the worst of its tasks' (failed before cancelled before timeout before succeeded)."""
+        state = self.wait(job_id, timeout, poll_s)
+        if self.job(job_id).get("array_id") != job_id:
+            return state
+        deadline = time.monotonic() + timeout
+        while self.jobs_page(array=job_id, limit=1)[1]:  # active tasks left
+            if time.monotonic() > deadline:
+                raise PlinthError(f"array {job_id} still running after {timeout:g} s")
+            time.sleep(poll_s)
+        ends = {j["state"] for j in self.jobs(array=job_id, all=True, limit=10000)}
+        return next(s for s in ("failed", "cancelled", "timeout", "succeeded") if s in ends)
+
+    def jobs(self, *, all: bool = False, tenant: str | None = None, limit: int = 1000,
+             **filters: Any) -> list[dict]:
+        """Jobs, newest first: active ones, or all with `all=True`; see `jobs_page`."""
+        return self.jobs_page(all=all, tenant=tenant, limit=limit, **filters)[0]
+
+    def jobs_page(self, *, all: bool = False, tenant: str | None = None,
+                  states: list[str] | None = None, name: str | None = None,
+                  array: int | None = None, limit: int = 1000, offset: int = 0
+                  ) -> tuple[list[dict], int]:
+        """(`limit` jobs from `offset`, newest first; how many match in all). Filters:
+        `tenant`, `states` (any of them; implies `all`), `name`, `array` (its tasks)."""
+        params: dict[str, Any] = {"all": all, "limit": limit, "offset": offset}
+        for key, value in (("tenant", tenant), ("state", states), ("name", name),
+                           ("array", array)):
+            if value:
+                params[key] = value
+        r = self._send("GET", "/v1/jobs", params=params)
+        return r.json(), int(r.headers.get("X-Total-Count", 0))
 
     def job(self, job_id: int) -> dict:
         return self._call("GET", f"/v1/jobs/{job_id}")
 
-    def cancel(self, job_id: int) -> str:
-        return self._call("POST", f"/v1/jobs/{job_id}/cancel")["state"]
+    def cancel(self, job_id: int, *, array: bool = False) -> str:
+        """Cancel a job; with `array`, every task of the array `job_id` heads (if it heads
+        one). Returns the job's state afterwards."""
+        return self._call("POST", f"/v1/jobs/{job_id}/cancel",
+                          params={"array": True} if array else None)["state"]
 
     def logs(self, job_id: int, offset: int = 0) -> str:
         return self._call("GET", f"/v1/jobs/{job_id}/logs", params={"offset": offset})["data"]
@@ -143,9 +210,24 @@ class Client:
         return self._call("GET", "/v1/tenants")
 
     def set_tenant(self, name: str, gpus: float | None = None,
-                   borrowing_limit: float | None = None) -> dict:
+                   borrowing_limit: float | None = None, user: str | None = None) -> dict:
+        """Create a tenant or change its quota; `user`: an existing Unix user its jobs run as
+        (on a root control plane; without it, a tenant gets a user of its own)."""
         return self._call("PUT", f"/v1/tenants/{name}",
-                          json={"gpus": gpus, "borrowing_limit": borrowing_limit})
+                          json={"gpus": gpus, "borrowing_limit": borrowing_limit, "user": user})
 
-    def add_token(self, tenant: str) -> str:
-        return self._call("POST", f"/v1/tenants/{tenant}/tokens")["token"]
+    def add_token(self, tenant: str, expires_in: float | None = None) -> str:
+        """A new API token for `tenant`, valid for `expires_in` seconds (None: until revoked)."""
+        return self.new_token(tenant, expires_in)["token"]
+
+    def new_token(self, tenant: str, expires_in: float | None = None) -> dict:
+        """`add_token` with its id and expiry: {"id", "tenant", "token", "expires"}."""
+        return self._call("POST", f"/v1/tenants/{tenant}/tokens",
+                          json={"expires_in": expires_in})
+
+    def tokens(self, tenant: str | None = None) -> list[dict]:
+        """Tokens by id (never by secret): id, tenant, admin, created, expires."""
+        return self._call("GET", "/v1/tokens", params={"tenant": tenant} if tenant else {})
+
+    def revoke_token(self, token_id: str) -> None:
+        self._send("DELETE", f"/v1/tokens/{token_id}")

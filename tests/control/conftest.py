@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from plinth_platform import Platform
 
 from plinth.core.net import free_port
 
@@ -51,48 +52,6 @@ def postgres_url() -> Iterator[str]:
         subprocess.run([*as_user, pg_ctl, "-D", str(data), "-m", "immediate", "stop"],
                        check=False, capture_output=True)
         shutil.rmtree(root, ignore_errors=True)
-
-
-class Platform:
-    """A control plane running as a real process (`plinth up`) on 127.0.0.1."""
-
-    def __init__(self, home: Path, *extra: str) -> None:
-        self.home, self.extra = home, extra
-        self.port = free_port()
-        self.proc: subprocess.Popen | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def token(self) -> str:
-        return (self.home / "token").read_text().strip()
-
-    def start(self) -> Platform:
-        from plinth.cli.quickstart import start_server
-
-        self.proc = start_server(self.home, self.port, "--fake-gpus", "4xA100", "--grace", "2",
-                                 "--min-runtime", "0", *self.extra)
-        return self
-
-    def stop(self, sig: int = 15) -> None:
-        from plinth.cli.quickstart import stop_server
-
-        if self.proc is not None:
-            stop_server(self.proc, sig)
-            self.proc = None
-
-    def client(self, token: str | None = None):
-        from plinth.client import Client
-
-        return Client(self.url, token or self.token)
-
-
-    def kill_jobs(self) -> None:
-        from plinth.cli.quickstart import kill_jobs
-
-        kill_jobs(self.home)
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ def plinth(platform, *args: str, token: str | None = None) -> subprocess.Complet
 
 def test_submit_ls_show_logs_cancel(shared_platform, tmp_path) -> None:
     spec = tmp_path / "job.yaml"
-    spec.write_text("name: cli-job\ncommand: echo from-the-cli; sleep 30\n"
+    spec.write_text("name: cli-job\ncommand: echo from-the-cli; sleep 300\n"
                     "resources: {cpus: 0.1, memory: 1Gi, gpus: 1}\n")
     r = plinth(shared_platform, "submit", str(spec))
     assert r.returncode == 0, r.stderr

@@ -50,6 +50,9 @@ def test_a_replay_of_the_export_predicts_the_platform(platform_factory, tmp_path
             c.set_tenant("a", 2)
             c.set_tenant("b", 2)
             gate = c.submit(work[0])
+            started = time.monotonic() + 30  # a loaded machine may take a moment to start it
+            while c.job(gate)["state"] == "pending" and time.monotonic() < started:
+                time.sleep(0.01)
             for spec in work[1:]:
                 c.submit(spec)
             assert c.job(gate)["state"] == "running", "the gate ended before the submissions"

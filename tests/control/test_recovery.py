@@ -40,7 +40,7 @@ def test_sigkill_restart_readopts_and_keeps_the_queue(platform, wait_for, tmp_pa
         assert c.job(done)["state"] == "succeeded"
         h = c.job(hog)
         assert h["state"] == "running" and h["attempt"] == 1
-        assert "adopted" in [e["kind"] for e in h["events"]]
+        assert "re-adopted" in [e["kind"] for e in h["events"]]
         assert c.wait(short, timeout=30) == "succeeded" and c.job(short)["attempt"] == 1
         assert "short-done" in c.logs(short)
         assert c.job(queued)["state"] == "pending"

@@ -59,8 +59,9 @@ def test_tokens_are_stored_hashed(store: Store) -> None:
     store.put_tenant("research", 2.0, None)
     store.add_token("secret-token", "research")
     tokens = store.tokens()
-    assert "secret-token" not in tokens and list(tokens.values()) == [("research", False)]
-    assert store.tenants() == [{"name": "research", "gpus": 2.0, "borrowing_limit": None}]
+    assert "secret-token" not in tokens and list(tokens.values()) == [("research", False, None)]
+    assert store.tenants() == [{"name": "research", "gpus": 2.0, "borrowing_limit": None,
+                                "unix_user": None}]
 
 
 def test_transition_table_is_closed() -> None:

@@ -88,3 +88,17 @@ def make_rt(tmp_path):
 @pytest.fixture
 def rt(make_rt):
     return make_rt(fake_gpus="4xA100")
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """A 2-node Ray cluster on 127.0.0.1 for the whole session (tests marked `ray`)."""
+    from ray_cluster import LocalRayCluster  # first: it sets what Ray reads on import
+
+    pytest.importorskip("ray")
+
+    cluster = LocalRayCluster()
+    try:
+        yield cluster
+    finally:
+        cluster.shutdown()

@@ -376,5 +376,37 @@ def runtime_event(ev: Event) -> RuntimeEvent | None:
     raise AssertionError(f"the simulated runtime reported {ev!r}")
 
 
+class RayHarness(LocalHarness):
+    """The Ray runtime on a real 2-node Ray cluster on 127.0.0.1 (ray_cluster.py), with real
+    processes under Ray actors, on its head node's 4 fake A100s. Launching, stopping and reading
+    what a worker saw are the local harness's: the nodes share this machine's file system. A
+    restart is a real one: this driver leaves Ray and a new one joins and adopts by name. Not
+    in HARNESSES, so that the suite runs on Ray only where the cluster is up (test_contract_ray.py).
+    """
+
+    name = "ray"
+    late_s = 15.0  # actor calls and Ray's own processes, on a shared 2-core machine
+
+    def __init__(self, tmp: Path, address: str) -> None:
+        from plinth.runtime.ray import RayRuntime
+
+        Harness.__init__(self)
+        self.dir = tmp
+        self.address = address
+        self.rt = RayRuntime(address)
+
+    def restart(self, down_s: float = 0.0) -> None:
+        from plinth.runtime.ray import RayRuntime
+
+        self.rt.close()
+        self.events()
+        time.sleep(down_s)
+        self.rt = RayRuntime(self.address)
+        ended = {key(e) for e in self._seen if e.kind in TERMINAL}
+        for h in self.launched:
+            if key(h) not in ended:
+                self.rt.adopt(Handle.from_dict(json.loads(json.dumps(h.to_dict()))))
+
+
 # The runtimes the contract suite runs against, by name.
 HARNESSES: dict[str, Callable[[Path], Harness]] = {"local": LocalHarness, "sim": SimHarness}

@@ -64,7 +64,7 @@ def test_environment_of_workers(rt, tmp_path):
     assert env[1]["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=4096M"
     assert env[1]["CUDA_MPS_PIPE_DIRECTORY"] == str(rt.mps.pipe_dir(2))
     assert not any(k.startswith("CUDA_MPS_") for k in env[0])  # whole GPUs: no MPS
-    assert (tmp_path / "ck").is_dir()
+    assert not (tmp_path / "ck").exists()  # made by the job when it first saves, not before
     assert not rt.mps_available and "fake" in rt.describe()
 
 

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import logging
 import sys
+from typing import Annotated
 
 import typer
 from rich.console import Console
 
+import plinth
 from plinth.cli import export as export_cmd
 from plinth.cli import fl as fl_cmd
 from plinth.cli import place as place_cmd
@@ -33,6 +35,19 @@ app.add_typer(serve_cmd.app, name="serve")
 app.add_typer(fl_cmd.app, name="fl")
 
 err = Console(stderr=True)
+
+
+def _version(show: bool) -> None:
+    if show:
+        typer.echo(f"plinth {plinth.__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(version: Annotated[bool, typer.Option(
+        "--version", "-V", callback=_version, is_eager=True,
+        help="Print the version and exit.")] = False) -> None:
+    """Plinth: an ML platform. Run jobs on GPUs, simulate schedulers, federate learning."""
 
 
 def main() -> None:

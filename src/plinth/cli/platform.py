@@ -37,6 +37,10 @@ def up(
     fake_gpus: Annotated[str | None, typer.Option(help="Declare virtual GPUs, e.g. 4xA100 or "
                                                        "2xA100,2xV100 (one node per model), "
                                                        "where NVML finds none.")] = None,
+    runtime: Annotated[str, typer.Option(help="Where jobs run: local (this machine) or ray "
+                                              "(a Ray cluster, see --ray-address).")] = "local",
+    ray_address: Annotated[str | None, typer.Option(help="With --runtime ray: the Ray head, "
+                                                         "HOST:PORT or auto.")] = None,
     policy: Annotated[str, typer.Option(help="Scheduling policy: fifo, sjf, priority, drf, "
                                              "tiresias, themis, gavel.")] = "drf",
     grace: Annotated[float, typer.Option(help="Seconds between SIGTERM and SIGKILL.")] = 10.0,
@@ -45,27 +49,120 @@ def up(
     round_s: Annotated[float, typer.Option("--round", help="Lease length in seconds for the "
                                                           "round-based policies (gavel, "
                                                           "themis).")] = 360.0,
+    max_body: Annotated[int, typer.Option(help="Largest request body in bytes; larger ones "
+                                               "are answered 413.")] = 1 << 20,
+    tls_cert: Annotated[Path | None, typer.Option(help="Serve HTTPS with this certificate "
+                                                       "(PEM).")] = None,
+    tls_key: Annotated[Path | None, typer.Option(help="The certificate's private key "
+                                                      "(PEM).")] = None,
+    jobs_dir: Annotated[Path | None, typer.Option(
+        help="As root, where each tenant's jobs keep their checkpoints, in a folder of the "
+             "tenant's own Unix user [default: $PLINTH_HOME-jobs].")] = None,
 ) -> None:
     """Start the control plane: store, local runtime, scheduler and REST API (foreground)."""
     from plinth.control.server import ServerConfig, serve
 
     cfg = ServerConfig(home=(home or plinth_home()).expanduser(), host=host, port=port, db=db,
-                       fake_gpus=fake_gpus, policy=policy, grace_s=grace,
-                       min_runtime_s=min_runtime, round_s=round_s)
+                       fake_gpus=fake_gpus, runtime=runtime, ray_address=ray_address,
+                       policy=policy, grace_s=grace,
+                       min_runtime_s=min_runtime, round_s=round_s, max_body_bytes=max_body,
+                       tls_cert=tls_cert, tls_key=tls_key, jobs_dir=jobs_dir)
     serve(cfg, announce=lambda s: console.print(s, highlight=False, soft_wrap=True))
 
 
 def submit(specs: Annotated[list[Path], typer.Argument(help="Job spec YAML files.")],
+           wait: Annotated[bool, typer.Option(
+               "--wait", "-W", help="Return when the jobs have finished, with the exit code "
+                                    "of the first that did not succeed (as sbatch --wait).")]
+           = False,
+           dependency: Annotated[str | None, typer.Option(
+               "--dependency", "-d", help="As sbatch: afterok:12:13,after:9 (kinds after, "
+                                          "afterany, afterok, afternotok).")] = None,
            server: Server = None, token: Token = None) -> None:
     """Submit jobs; prints each job's id."""
-    from plinth.control.spec import job_to_run
+    from plinth.control.spec import job_to_run, parse_array
     from plinth.core.spec import load_spec
 
     jobs = [job_to_run(load_spec(path), str(path)) for path in specs]  # all checked, then sent
+    if dependency:
+        deps = parse_dependency(dependency)
+        jobs = [j.model_copy(update={k: [*getattr(j, k), *v] for k, v in deps.items()})
+                for j in jobs]
     with Client(server, token) as c:
+        ids = []
         for path, job in zip(specs, jobs):
-            job_id = c.submit(job)
-            console.print(f"Submitted job {job_id} ({path})", highlight=False)
+            ids.append(c.submit(job, base=path.parent))
+            what = f"array job {ids[-1]} ({len(parse_array(job.array)[0])} tasks)" \
+                if job.array else f"job {ids[-1]}"
+            console.print(f"Submitted {what} ({path})", highlight=False)
+        if wait:
+            codes = [exit_code(c, job_id) for job_id in ids]
+            raise typer.Exit(next((code for code in codes if code), 0))
+
+
+def parse_dependency(text: str) -> dict[str, list[int]]:
+    """sbatch's --dependency: "afterok:12:13,after:9" -> {"afterok": [12, 13], "after": [9]}."""
+    from plinth.control.spec import DEPENDENCY_KINDS
+
+    out: dict[str, list[int]] = {}
+    for part in text.split(","):
+        kind, *ids = part.strip().split(":")
+        if kind not in DEPENDENCY_KINDS or not ids or not all(i.isdigit() for i in ids):
+            raise PlinthError(f"--dependency: expected KIND:ID[:ID...] with KIND one of "
+                              f"{', '.join(DEPENDENCY_KINDS)}; got {part.strip()!r}")
+        out.setdefault(kind, []).extend(int(i) for i in ids)
+    return out
+
+
+def exit_code(c: Client, job_id: int) -> int:
+    """Wait for a job (or every task of an array) to finish and say how it ended; its exit
+    code (an array's highest), or 1 if it ended without one (cancelled before it ran, failed to
+    launch)."""
+    state = c.wait_all(job_id, timeout=float("inf"))
+    j = c.job(job_id)
+    tasks = c.jobs(array=job_id, all=True, limit=10000) if j.get("array_id") == job_id else [j]
+    console.print(f"job {job_id}: {state}" + (f" ({j['reason']})" if state != "succeeded" and
+                                               j["reason"] and len(tasks) == 1 else ""),
+                  highlight=False)
+    return max((0 if t["state"] == "succeeded" else t["exit_code"] or 1) for t in tasks)
+
+
+def job_ref(c: Client, ref: str) -> int:
+    """A job id from `12`, or from `12_5` (task 5 of array 12) as Slurm writes it."""
+    head, _, index = ref.partition("_")
+    if not head.isdigit() or (index and not index.isdigit()):
+        raise PlinthError(f"JOB: expected an id like 12, or 12_5 for task 5 of array 12; "
+                          f"got {ref!r}")
+    if not index:
+        return int(head)
+    task = next((t for t in c.jobs(array=int(head), all=True, limit=10000)
+                 if t["array_index"] == int(index)), None)
+    if task is None:
+        raise PlinthError(f"job {ref} not found")
+    return int(task["id"])
+
+
+def group_arrays(jobs: list[dict]) -> list[dict]:
+    """One row per job array, as squeue shows one: `12_[0-99]`, its most active state, the
+    tasks' counts by state as the reason."""
+    out, arrays = [], {}
+    for j in jobs:
+        if j.get("array_id") is None:
+            out.append(j)
+        else:
+            arrays.setdefault(j["array_id"], []).append(j)
+    for aid, tasks in arrays.items():
+        counts = {s: sum(t["state"] == s for t in tasks) for s in STATE_STYLE}
+        state = next(s for s in ("running", "stopping", "pending", "failed", "timeout",
+                                 "cancelled", "succeeded") if counts.get(s))
+        idx = sorted(t["array_index"] for t in tasks)
+        starts = [t["start_time"] for t in tasks if t["start_time"]]
+        ends = [t["end_time"] for t in tasks if t["end_time"]]
+        out.append({**tasks[0], "id": aid, "array_index": None, "label": f"{aid}_[{idx[0]}-"
+                    f"{idx[-1]}]", "state": state, "start_time": min(starts, default=None),
+                    "end_time": max(ends) if len(ends) == len(tasks) else None,
+                    "reason": ", ".join(f"{n} {s}" for s, n in counts.items() if n)})
+    return out
 
 
 def _age(seconds: float | None) -> str:
@@ -76,37 +173,98 @@ def _age(seconds: float | None) -> str:
     return f"{h}:{m:02d}:{s % 60:02d}" if h else f"{m}:{s % 60:02d}"
 
 
-def jobs_table(jobs: list[dict], now: float | None = None) -> Table:
+def jobs_table(jobs: list[dict], now: float | None = None, *, wide: bool = False) -> Table:
+    """squeue's view. It fits 80 columns: the reason is cut to what is left of one line (the
+    full text is in `plinth show`); `wide` adds columns and lets the reason wrap."""
     now = now or time.time()
-    t = Table(box=None, header_style="bold")
-    for col in ("JOBID", "NAME", "TENANT", "STATE", "TIME", "GPUS", "WORKERS", "REASON"):
-        t.add_column(col, justify="right" if col in ("JOBID", "TIME", "GPUS", "WORKERS") else
-                     "left", overflow="fold" if col == "REASON" else "ellipsis")
-    for j in sorted(jobs, key=lambda j: j["id"]):
+    cols = ["JOBID", "NAME", "TENANT", "STATE", "TIME", "GPUS"]
+    cols += ["WORKERS", "PRI", "ATTEMPT", "SUBMITTED", "REASON"] if wide else ["REASON"]
+    rows = []
+    for j in sorted(jobs, key=lambda j: (j.get("array_id") or j["id"], j.get("array_index") or 0)):
         running = j["start_time"] if j["state"] in ("running", "stopping") else None
         elapsed = (now - running) if running else (
             (j["end_time"] - j["start_time"]) if j["end_time"] and j["start_time"] else None)
-        reason = j["reason"] if j["state"] in ("pending", "stopping", "failed", "timeout") else ""
-        t.add_row(str(j["id"]), j["name"], j["tenant"],
-                  f"[{STATE_STYLE.get(j['state'], '')}]{j['state']}[/]", _age(elapsed),
-                  f"{j['gpus']:g}", str(j["workers"]), reason)
+        reason = j["reason"] if j["state"] in ("pending", "stopping", "failed", "timeout") \
+            or "label" in j else ""
+        label = j.get("label") or (f"{j['array_id']}_{j['array_index']}"
+                                   if j.get("array_id") is not None else str(j["id"]))
+        row = [label, j["name"], j["tenant"], j["state"], _age(elapsed), f"{j['gpus']:g}"]
+        if wide:
+            row += [str(j["workers"]), str(j["priority"]), str(j["attempt"]),
+                    time.strftime("%m-%d %H:%M:%S", time.localtime(j["submit_time"]))]
+        rows.append([*row, reason if wide else (reason.splitlines() or [""])[0]])
+    caps = {} if wide else {"NAME": 16, "TENANT": 10}
+    widths = [min(max([len(col), *(len(r[i]) for r in rows)]), caps.get(col, 10**6))
+              for i, col in enumerate(cols[:-1])]
+    # Every column keeps its width but the reason, which gets what the line has left.
+    room = max(len("REASON"), console.width - sum(widths) - 2 * len(widths))
+    t = Table(box=None, header_style="bold", pad_edge=False)
+    for col, width in zip(cols, [*widths, None]):
+        right = col in ("JOBID", "TIME", "GPUS", "WORKERS", "PRI", "ATTEMPT")
+        t.add_column(col, justify="right" if right else "left", no_wrap=col != "REASON" or not wide,
+                     overflow="fold" if col == "REASON" and wide else "ellipsis",
+                     width=width, max_width=None if wide or width else room)
+    for r in rows:
+        r[3] = f"[{STATE_STYLE.get(r[3], '')}]{r[3]}[/]"
+        if not wide and len(r[-1]) > room:
+            r[-1] = r[-1][:room - 1] + "…"
+        t.add_row(*r)
     return t
+
+
+OUTPUTS = ("table", "wide", "json", "yaml")
+Output = Annotated[str, typer.Option("--output", "-o", help="table, wide, json or yaml.")]
+
+
+def print_jobs(jobs: list[dict], output: str) -> None:
+    if output not in OUTPUTS:
+        raise PlinthError(f"--output: {output!r} is not one of {', '.join(OUTPUTS)}")
+    if output in ("json", "yaml"):
+        import json
+
+        import yaml
+
+        typer.echo(json.dumps(jobs, indent=2) if output == "json" else
+                   yaml.safe_dump(jobs, sort_keys=False), nl=output == "json")
+    else:
+        console.print(jobs_table(jobs, wide=output == "wide"))
 
 
 def ls(all: Annotated[bool, typer.Option("--all", "-a", help="Include finished jobs.")] = False,
        tenant: Annotated[str | None, typer.Option("--tenant", "-t")] = None,
-       server: Server = None, token: Token = None) -> None:
+       state: Annotated[list[str] | None, typer.Option(
+           "--state", "-s", help="Only jobs in these states (comma-separated or repeated); "
+                                 "implies --all.")] = None,
+       name: Annotated[str | None, typer.Option("--name", "-n", help="Only jobs of this "
+                                                                     "name.")] = None,
+       limit: Annotated[int, typer.Option(help="Jobs per page.", min=1, max=10000)] = 1000,
+       page: Annotated[int, typer.Option(help="Which page, newest jobs first.", min=1)] = 1,
+       expand: Annotated[bool, typer.Option("--expand", "-r", help="One line per task of a "
+                                                                  "job array.")] = False,
+       output: Output = "table", server: Server = None, token: Token = None) -> None:
     """The queue, as squeue shows it: pending, running and stopping jobs (all with --all)."""
     with Client(server, token) as c:
-        console.print(jobs_table(c.jobs(all=all, tenant=tenant)))
+        jobs, total = c.jobs_page(all=all, tenant=tenant, states=state, name=name, limit=limit,
+                                  offset=(page - 1) * limit)
+    table = output in ("table", "wide")
+    print_jobs(group_arrays(jobs) if table and not expand else jobs, output)
+    first = (page - 1) * limit + 1
+    if table and (total > len(jobs) or page > 1):
+        more = f"; more with --page {page + 1}" if first - 1 + len(jobs) < total else ""
+        console.print(f"showing {first}-{first - 1 + len(jobs)} of {total} jobs{more}",
+                      highlight=False)
 
 
-def show(job: int, server: Server = None, token: Token = None) -> None:
+JobRef = Annotated[str, typer.Argument(metavar="JOB", help="A job id, or ARRAY_INDEX "
+                                                            "for a task of an array.")]
+
+
+def show(job: JobRef, server: Server = None, token: Token = None) -> None:
     """A job's spec, allocation, events, and why it is pending."""
     import yaml
 
     with Client(server, token) as c:
-        j = c.job(job)
+        j = c.job(job_ref(c, job))
     console.print(f"[bold]job {j['id']}[/] {j['name']}  tenant {j['tenant']}  state "
                   f"[{STATE_STYLE.get(j['state'], '')}]{j['state']}[/]  attempt {j['attempt']}  "
                   f"preemptions {j['preemptions']}", highlight=False)
@@ -135,10 +293,11 @@ def show(job: int, server: Server = None, token: Token = None) -> None:
         console.print(f"  {stamp}  {e['kind']:<14} {e['message']}", highlight=False)
 
 
-def logs(job: int, follow: Annotated[bool, typer.Option("--follow", "-f")] = False,
+def logs(job: JobRef, follow: Annotated[bool, typer.Option("--follow", "-f")] = False,
          server: Server = None, token: Token = None) -> None:
     """Print a job's log (all attempts); -f follows it until the job finishes."""
     with Client(server, token) as c:
+        job = job_ref(c, job)  # type: ignore[assignment]
         if follow:
             for chunk in c.follow(job):
                 typer.echo(chunk, nl=False)
@@ -146,19 +305,22 @@ def logs(job: int, follow: Annotated[bool, typer.Option("--follow", "-f")] = Fal
             typer.echo(c.logs(job), nl=False)
 
 
-def cancel(jobs: Annotated[list[int], typer.Argument(help="Job ids.")],
+def cancel(jobs: Annotated[list[str], typer.Argument(
+               metavar="JOB...", help="Job ids; an array's id cancels all its tasks, "
+                                      "ARRAY_INDEX one of them.")],
            server: Server = None, token: Token = None) -> None:
     """Cancel jobs: a pending job at once, a running one with SIGTERM, then SIGKILL."""
     failed = False
     with Client(server, token) as c:
         for job in jobs:
             try:
-                console.print(f"job {job}: {c.cancel(job)}", highlight=False)
+                console.print(f"job {job}: {c.cancel(job_ref(c, job), array='_' not in job)}",
+                              highlight=False)
             except PlinthError as e:
                 console.print(f"[red]job {job}:[/] {e}", highlight=False)
                 failed = True
-    if failed:
-        raise typer.Exit(1)
+    if failed:  # as `show` and `logs` do for a job that is not there
+        raise typer.Exit(2)
 
 
 def nodes_table(nodes: list[dict]) -> Table:
@@ -213,28 +375,74 @@ tenant_app = typer.Typer(help="Tenants, their GPU quotas and their API tokens (a
 def tenant_set(name: str,
                gpus: Annotated[float | None, typer.Option(help="Nominal GPU quota.")] = None,
                borrowing_limit: Annotated[float | None, typer.Option()] = None,
+               user: Annotated[str | None, typer.Option(
+                   help="An existing Unix user its jobs run as (root control plane) "
+                        "[default: plinth-NAME, made for it].")] = None,
                server: Server = None, token: Token = None) -> None:
     """Create a tenant or change its quota."""
     with Client(server, token) as c:
-        c.set_tenant(name, gpus, borrowing_limit)
-        console.print(f"tenant {name}: quota {gpus if gpus is not None else 'equal share'} GPUs",
-                      highlight=False)
+        t = c.set_tenant(name, gpus, borrowing_limit, user)
+        runs_as = f", jobs run as Unix user {t['user']}" if t.get("user") else ""
+        console.print(f"tenant {name}: quota {gpus if gpus is not None else 'equal share'} GPUs"
+                      f"{runs_as}", highlight=False)
 
 
 @tenant_app.command("token")
-def tenant_token(name: str, server: Server = None, token: Token = None) -> None:
-    """Create an API token for a tenant and print it (it is not shown again)."""
+def tenant_token(name: str,
+                 expires: Annotated[str | None, typer.Option(
+                     help="Stop working after this long: seconds or 90s, 30m, 12h, 30d "
+                          "[default: until revoked].")] = None,
+                 server: Server = None, token: Token = None) -> None:
+    """Create an API token for a tenant and print it (it is not shown again); its id, for
+    `plinth tenant revoke`, goes to stderr."""
+    from plinth.control.spec import parse_duration
+
+    try:
+        expires_in = None if expires is None else parse_duration(expires)
+    except ValueError as e:
+        raise PlinthError(f"--expires: {e}") from None
     with Client(server, token) as c:
-        typer.echo(c.add_token(name))
+        t = c.new_token(name, expires_in)
+    typer.echo(t["token"])
+    until = "until revoked" if t["expires"] is None else f"until {_when(t['expires'])}"
+    typer.echo(f"token id {t['id']} for tenant {name}, valid {until}", err=True)
+
+
+def _when(t: float | None) -> str:
+    return "-" if t is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+
+
+@tenant_app.command("tokens")
+def tenant_tokens(name: Annotated[str | None, typer.Argument(help="Only this tenant's.")] = None,
+                  server: Server = None, token: Token = None) -> None:
+    """List API tokens by id (never by secret)."""
+    with Client(server, token) as c:
+        rows = c.tokens(name)
+    t = Table("ID", "TENANT", "ADMIN", "CREATED", "EXPIRES", box=None, header_style="bold")
+    for r in rows:
+        t.add_row(r["id"], r["tenant"], "yes" if r["admin"] else "", _when(r["created"]),
+                  "never" if r["expires"] is None else _when(r["expires"]))
+    console.print(t)
+
+
+@tenant_app.command("revoke")
+def tenant_revoke(token_id: Annotated[str, typer.Argument(metavar="TOKEN-ID")],
+                  server: Server = None, token: Token = None) -> None:
+    """Revoke an API token by its id; it stops working at once."""
+    with Client(server, token) as c:
+        c.revoke_token(token_id)
+    console.print(f"token {token_id} revoked", highlight=False)
 
 
 @tenant_app.command("ls")
 def tenant_ls(server: Server = None, token: Token = None) -> None:
     """List tenants and their quotas."""
     with Client(server, token) as c:
-        t = Table("TENANT", "GPUS", "BORROWING LIMIT", box=None, header_style="bold")
+        t = Table("TENANT", "GPUS", "BORROWING LIMIT", "UNIX USER", box=None,
+                  header_style="bold")
         for row in c.tenants():
             t.add_row(row["name"], "equal share" if row["gpus"] is None else f"{row['gpus']:g}",
-                      "-" if row["borrowing_limit"] is None else f"{row['borrowing_limit']:g}")
+                      "-" if row["borrowing_limit"] is None else f"{row['borrowing_limit']:g}",
+                      row.get("user") or "(the server's)")
         console.print(t)
 

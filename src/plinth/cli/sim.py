@@ -32,14 +32,38 @@ def _run(jobs, cluster, policies, cfg, alibaba, title, json_path, out):
 
         results, rows = compare(jobs, cluster, policies, cfg, alibaba=alibaba, on_progress=tick)
     console.print(report.table(rows, title))
+    full = with_series(rows, results) if json_path or out else rows
     if json_path:
-        report.write_json(rows, json_path)
+        report.write_json(full, json_path)
         console.print(f"results: {json_path}")
     if out:
-        report.write_json(rows, Path(out) / "results.json")
+        report.write_json(full, Path(out) / "results.json")
         for p in report.plot(results, out):
             console.print(f"plot: {p}")
     return rows
+
+
+def with_series(rows: list[dict], results: list, points: int = 200) -> list[dict]:
+    """The rows with the data behind the two plots (JCT quantiles, and the GPUs allocated at up
+    to `points` event times), so that a `--json` file alone can be plotted, as the dashboard's
+    Simulations page does."""
+    import numpy as np
+
+    from plinth.sim.metrics import jct_values
+
+    out = []
+    for row, r in zip(rows, results, strict=True):
+        jct = np.sort(jct_values(r))
+        q = np.linspace(0.0, 1.0, min(points, jct.size)) if jct.size else np.zeros(0)
+        pick = np.unique(np.linspace(0, r.util_times.size - 1, min(points, r.util_times.size))
+                         .astype(int))
+        out.append({**row, "series": {
+            "jct_s": np.quantile(jct, q).tolist() if jct.size else [],
+            "jct_fraction": q.tolist(),
+            "util_t_s": r.util_times[pick].tolist(),
+            "util_used_gpus": r.util_used[pick].tolist(),
+            "total_gpus": r.cluster.total_gpus}})
+    return out
 
 
 def _policy_list(policy: str, compare_list: str | None) -> list[str]:

@@ -11,7 +11,7 @@ import re
 import time
 from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, HTTPException, Path, Query, Request
+from fastapi import Depends, FastAPI, HTTPException, Path, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -19,9 +19,11 @@ from pydantic import BaseModel, Field
 
 import plinth
 from plinth.control.auth import Auth, Principal, check_tenant_name
+from plinth.control.bodylimit import DEFAULT_MAX_BODY_BYTES, BodyLimit
 from plinth.sched.lifecycle import TERMINAL, State
 from plinth.control.service import Conflict, ControlPlane, NotFound
 from plinth.control.spec import JobSpec
+from plinth.control.store import TOKEN_ID_CHARS, digest
 from plinth.core.errors import PlinthError, SpecError, UnplaceableError
 from plinth.core.spec import errors_message
 
@@ -37,12 +39,14 @@ class ErrorOut(BaseModel):
 ERRORS: dict = {code: {"model": ErrorOut, "description": what} for code, what in (
     (401, "missing or unknown API token"), (403, "not allowed for this token"),
     (404, "no such job or tenant (or another tenant's)"), (409, "conflicts with the job's state"),
+    (413, "request body over the server's limit; `detail` says the limit"),
     (422, "invalid input; `detail` names the field"))}
 
 
 class Submitted(BaseModel):
-    id: int
+    id: int  # the job's, or an array's (its first task's)
     state: str
+    tasks: int | None = None  # an array: how many tasks it has
 
 
 class JobSummary(BaseModel):
@@ -59,6 +63,8 @@ class JobSummary(BaseModel):
     preemptions: int
     checkpoint_step: int | None = None  # the last checkpoint the job reported, and when
     checkpoint_time: float | None = None
+    array_id: int | None = None  # a task of this array,
+    array_index: int | None = None  # with this index
     gpus: float
     workers: int
     reason: str
@@ -98,17 +104,35 @@ class NodeInfo(BaseModel):
 class TenantIn(BaseModel):
     gpus: float | None = Field(None, ge=0, description="nominal GPU quota; null: an equal share")
     borrowing_limit: float | None = Field(None, ge=0)
+    user: str | None = Field(None, description="an existing Unix user its jobs run as (root "
+                                               "server); null: its own, made for it")
 
 
 class TenantOut(BaseModel):
     name: str
     gpus: float | None
     borrowing_limit: float | None
+    user: str | None  # the Unix user its jobs run as; null: the server's
+
+
+class TokenIn(BaseModel):
+    expires_in: float | None = Field(None, gt=0, le=10 * 365 * 86400,
+                                     description="seconds until it stops working; null: never")
 
 
 class TokenOut(BaseModel):
+    id: str  # names the token in lists and `revoke`; cannot log in
     tenant: str
     token: str
+    expires: float | None
+
+
+class TokenInfo(BaseModel):
+    id: str
+    tenant: str
+    admin: bool
+    created: float
+    expires: float | None
 
 
 class Health(BaseModel):
@@ -132,10 +156,23 @@ def wall_times(reason: str) -> str:
                          reason)
 
 
-def create_app(cp: ControlPlane, auth: Auth) -> FastAPI:
+def parse_states(values: list[str]) -> list[State]:
+    """`--state pending,running` (or the option repeated) as states; an unknown one is an error
+    that lists the known ones."""
+    names = [v.strip().lower() for item in values for v in item.split(",") if v.strip()]
+    known = {s.value: s for s in State}
+    bad = next((n for n in names if n not in known), None)
+    if bad is not None:
+        raise SpecError(f"state: unknown state {bad!r}; choose from {', '.join(known)}")
+    return [known[n] for n in names]
+
+
+def create_app(cp: ControlPlane, auth: Auth, *,
+               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
     app = FastAPI(title="Plinth", version=plinth.__version__,
                   description="Submit, watch and cancel jobs on a Plinth cluster.",
                   responses=ERRORS)
+    app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
     bearer = HTTPBearer(auto_error=False)
 
     # Cheap routes and dependencies are `async def`: they run on the event loop, without a hop
@@ -201,18 +238,34 @@ def create_app(cp: ControlPlane, auth: Auth) -> FastAPI:
                                      f"tenant {tenant!r}")
         if tenant not in cp.tenant_names:
             raise SpecError(f"tenant: unknown tenant {tenant!r}")
+        for kind, dep in spec.dependencies():
+            found = cp.store.job(dep)
+            if found is None or not who.may_see(found["tenant"]):
+                raise SpecError(f"{kind}: job {dep} not found")
         spec, row, now = cp.admit(spec, tenant)
+        if spec.array:
+            ids = await asyncio.to_thread(cp.submit_tasks, spec, row, now)
+            return {"id": ids[0], "state": State.PENDING.value, "tasks": len(ids)}
         job_id = await asyncio.wrap_future(cp.writer.insert(row, now))  # group commit
         return {"id": cp.accepted(job_id, spec, now), "state": State.PENDING.value}
 
     @app.get("/v1/jobs", response_model=list[JobSummary])
-    def list_jobs(who: Who, all: bool = False, tenant: str | None = None,
-                  limit: Annotated[int, Query(ge=1, le=10000)] = 1000) -> list[dict]:
+    def list_jobs(who: Who, response: Response, all: bool = False, tenant: str | None = None,
+                  state: Annotated[list[str] | None, Query()] = None, name: str | None = None,
+                  array: Annotated[int | None, Query(ge=1, le=MAX_ID)] = None,
+                  limit: Annotated[int, Query(ge=1, le=10000)] = 1000,
+                  offset: Annotated[int, Query(ge=0, le=MAX_ID)] = 0) -> list[dict]:
+        """Jobs newest first, `limit` from `offset`; the X-Total-Count header says how many
+        match in all. `state` (repeated or comma-separated) implies `all`."""
         if tenant is not None and not who.may_see(tenant):
+            response.headers["X-Total-Count"] = "0"
             return []
         scope = tenant if tenant is not None else (None if who.admin else who.tenant)
-        states = None if all else [s for s in State if s not in TERMINAL]
-        return [summary(r) for r in cp.store.jobs(tenant=scope, states=states, limit=limit)]
+        states = parse_states(state) if state else (
+            None if all else [s for s in State if s not in TERMINAL])
+        filters = {"tenant": scope, "states": states, "name": name, "array": array}
+        response.headers["X-Total-Count"] = str(cp.store.count_jobs(**filters))
+        return [summary(r) for r in cp.store.jobs(**filters, limit=limit, offset=offset)]
 
     @app.get("/v1/jobs/{job_id}", response_model=JobDetail)
     def show(job_id: JobId, who: Who) -> dict:
@@ -227,8 +280,18 @@ def create_app(cp: ControlPlane, auth: Auth) -> FastAPI:
                            for e in cp.store.events(job_id)]}
 
     @app.post("/v1/jobs/{job_id}/cancel", response_model=Submitted)
-    def cancel(job_id: JobId, who: Who) -> dict:
-        visible(job_id, who)
+    def cancel(job_id: JobId, who: Who, array: bool = False) -> dict:
+        """Cancel a job; with `array`, every unfinished task of the array it heads, as
+        `scancel ARRAY` does."""
+        row = visible(job_id, who)
+        if array and row["array_id"] == job_id:
+            live = [s for s in State if s not in TERMINAL]
+            for task in cp.store.jobs(array=job_id, states=live, limit=10**6):
+                try:
+                    cp.cancel(task["id"])
+                except Conflict:  # it ended meanwhile
+                    pass
+            return {"id": job_id, "state": (cp.store.job(job_id) or row)["state"]}
         return {"id": job_id, "state": cp.cancel(job_id)}
 
     @app.get("/v1/jobs/{job_id}/logs", response_model=LogChunk)
@@ -245,23 +308,40 @@ def create_app(cp: ControlPlane, auth: Auth) -> FastAPI:
                 "done": done}
 
     @app.get("/v1/nodes", response_model=list[NodeInfo])
-    async def nodes(_: Who) -> list[dict]:
-        return cp.node_usage()
+    async def nodes(who: Who) -> list[dict]:
+        return cp.node_usage(None if who.admin else who.tenant)
 
     @app.get("/v1/tenants", response_model=list[TenantOut])
     def list_tenants(_: Admin) -> list[dict]:
-        return cp.store.tenants()
+        return [{**r, "user": r["unix_user"]} for r in cp.store.tenants()]
 
     @app.put("/v1/tenants/{name}", response_model=TenantOut)
     def put_tenant(name: str, body: TenantIn, _: Admin) -> dict:
         check_tenant_name(name)
-        cp.set_tenant(name, body.gpus, body.borrowing_limit)
-        return {"name": name, **body.model_dump()}
+        user = cp.set_tenant(name, body.gpus, body.borrowing_limit, body.user)
+        return {"name": name, **body.model_dump(), "user": user}
 
     @app.post("/v1/tenants/{name}/tokens", response_model=TokenOut, status_code=201)
-    def add_token(name: str, _: Admin) -> dict:
+    def add_token(name: str, _: Admin, body: TokenIn | None = None) -> dict:
         if name not in cp.tenant_names:
             raise NotFound(f"tenant {name!r} not found")
-        return {"tenant": name, "token": auth.add_token(name)}
+        expires = None if body is None or body.expires_in is None else \
+            time.time() + body.expires_in
+        token = auth.add_token(name, expires=expires)
+        return {"id": digest(token)[:TOKEN_ID_CHARS], "tenant": name, "token": token,
+                "expires": expires}
 
+    @app.get("/v1/tokens", response_model=list[TokenInfo])
+    def list_tokens(_: Admin, tenant: str | None = None) -> list[dict]:
+        return cp.store.token_rows(tenant)
+
+    @app.delete("/v1/tokens/{token_id}", status_code=204)
+    def revoke_token(token_id: str, _: Admin) -> None:
+        if not auth.revoke(token_id):
+            raise NotFound(f"token {token_id!r} not found (give the id `plinth tenant tokens` "
+                           "shows)")
+
+    from plinth.control.ui import mount  # the dashboard (/ui) and /metrics; imports this module
+
+    mount(app, cp, auth)
     return app

@@ -12,6 +12,7 @@ import os
 import re
 import secrets
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,7 +50,7 @@ class Auth:
 
     def bootstrap(self, home: Path) -> str | None:
         """Create the default tenant and an admin token on first start; return the token then."""
-        if any(admin for _, admin in self._tokens.values()):
+        if any(admin for _, admin, _ in self._tokens.values()):
             return None
         if not any(t["name"] == "default" for t in self.store.tenants()):
             self.store.put_tenant("default", None, None)
@@ -61,15 +62,30 @@ class Auth:
             f.write(token + "\n")
         return token
 
-    def add_token(self, tenant: str, admin: bool = False) -> str:
+    def add_token(self, tenant: str, admin: bool = False, expires: float | None = None) -> str:
+        """A new token for `tenant`, valid until `expires` (a wall-clock time; None: until
+        revoked)."""
         token = new_token()
         with self._lock:
-            self.store.add_token(token, tenant, admin)
-            self._tokens[digest(token)] = (tenant, admin)
+            self.store.add_token(token, tenant, admin, expires)
+            self._tokens[digest(token)] = (tenant, admin, expires)
         return token
 
-    def principal(self, token: str | None) -> Principal | None:
+    def revoke(self, token_id: str) -> bool:
+        """Revoke the token with this id at once; False if there is no such token."""
+        with self._lock:
+            gone = self.store.revoke_token(token_id)
+            if gone is not None:
+                self._tokens.pop(gone, None)
+        return gone is not None
+
+    def principal(self, token: str | None, now: float | None = None) -> Principal | None:
         if not token:
             return None
         found = self._tokens.get(digest(token))
-        return Principal(*found) if found else None
+        if found is None:
+            return None
+        tenant, admin, expires = found
+        if expires is not None and (now if now is not None else time.time()) >= expires:
+            return None
+        return Principal(tenant, admin)

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
+import pwd
 import socket
+import ssl
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -12,8 +15,10 @@ import uvicorn
 
 from plinth.control.api import create_app
 from plinth.control.auth import Auth
+from plinth.control.bodylimit import DEFAULT_MAX_BODY_BYTES
 from plinth.control.service import ControlPlane
 from plinth.control.store import Store
+from plinth.control.users import can_isolate, lock_down, unreachable
 from plinth.core.errors import PlinthError, SpecError
 from plinth.sched.types import SchedConfig
 
@@ -27,10 +32,25 @@ class ServerConfig:
     port: int = DEFAULT_PORT
     db: str | None = None  # SQLAlchemy URL; default: SQLite at $PLINTH_HOME/plinth.db
     fake_gpus: str | None = None
+    runtime: str = "local"  # or "ray" (plinth.runtime.ray), on the cluster at ray_address
+    ray_address: str | None = None
     policy: str = "drf"
     grace_s: float = 10.0
     min_runtime_s: float = 30.0  # a job runs this long before it may be preempted
     round_s: float = 360.0  # lease length of the round-based policies (Gavel, Themis)
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES  # larger request bodies are answered 413
+    tls_cert: Path | None = None  # serve HTTPS with this certificate chain (PEM) ...
+    tls_key: Path | None = None  # ... and its private key
+    # Where tenants' jobs keep their checkpoints when each tenant runs as its own Unix user
+    # (as root); default: PLINTH_HOME-jobs next to PLINTH_HOME. See plinth.control.users.
+    jobs_dir: Path | None = None
+
+    @property
+    def tenant_jobs_dir(self) -> Path | None:
+        """The jobs directory if tenants run as their own users (root), else None."""
+        if not can_isolate():
+            return None
+        return (self.jobs_dir or self.home.with_name(self.home.name + "-jobs")).resolve()
 
     @property
     def db_url(self) -> str:
@@ -48,8 +68,15 @@ def build(cfg: ServerConfig) -> tuple[ControlPlane, Auth]:
     auth = Auth(store)
     auth.bootstrap(cfg.home)
     holder: list[ControlPlane] = []
-    runtime = LocalRuntime(cfg.home / "runtime", fake_gpus=cfg.fake_gpus,
-                           notify=lambda: holder[0].notify() if holder else None)
+    notify = lambda: holder[0].notify() if holder else None  # noqa: E731
+    if cfg.runtime == "ray":
+        from plinth.runtime.ray import make_ray_runtime
+
+        runtime = make_ray_runtime(cfg.ray_address, fake_gpus=cfg.fake_gpus, notify=notify)
+    elif cfg.runtime != "local":
+        raise SpecError(f"--runtime: expected local or ray, got {cfg.runtime!r}")
+    else:
+        runtime = LocalRuntime(cfg.home / "runtime", fake_gpus=cfg.fake_gpus, notify=notify)
     if not any(n.num_gpus for n in runtime.nodes()):
         runtime.close()
         raise SpecError("no GPU found (NVML); declare virtual ones with --fake-gpus 4xA100")
@@ -57,14 +84,60 @@ def build(cfg: ServerConfig) -> tuple[ControlPlane, Auth]:
         raise SpecError(f"--round: must be > 0 seconds, got {cfg.round_s}")
     config = SchedConfig(min_runtime=cfg.min_runtime_s, round_s=cfg.round_s)
     cp = ControlPlane(store, runtime, home=cfg.home, policy=cfg.policy, config=config,
-                      grace_s=cfg.grace_s)
+                      grace_s=cfg.grace_s, jobs_dir=cfg.tenant_jobs_dir)
+    lock_down(cfg.home, cfg.tenant_jobs_dir)
     holder.append(cp)
     return cp, auth
+
+
+def isolation_note(cfg: ServerConfig) -> str:
+    """One line for `plinth up`: how tenants' jobs are kept apart on this machine."""
+    jobs_dir = cfg.tenant_jobs_dir
+    if jobs_dir is None:
+        user = pwd.getpwuid(os.geteuid()).pw_name
+        return (f"note: tenants share one Unix user ({user}) and are isolated only at the API; "
+                "run `plinth up` as root to give each tenant's jobs a user of its own")
+    blocked = unreachable(jobs_dir)
+    if blocked is not None:
+        return (f"warning: tenants' jobs cannot reach --jobs-dir {jobs_dir} ({blocked} is "
+                "closed to other users), so they cannot save checkpoints; give a --jobs-dir "
+                "that others may pass through")
+    return f"tenants' jobs run as their own Unix users; their folders are under {jobs_dir}"
+
+
+def check_network(cfg: ServerConfig) -> list[str]:
+    """Refuse bad network options in one line each; return the warnings to print."""
+    if not 0 <= cfg.port <= 65535:
+        raise SpecError(f"--port: must be in 0..65535, got {cfg.port}")
+    if cfg.max_body_bytes < 1024:
+        raise SpecError(f"--max-body: must be at least 1024 bytes, got {cfg.max_body_bytes}")
+    if (cfg.tls_cert is None) != (cfg.tls_key is None):
+        raise SpecError("--tls-cert and --tls-key: give both or neither")
+    if cfg.tls_cert is not None:
+        try:
+            ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(
+                cfg.tls_cert, cfg.tls_key)
+        except (OSError, ssl.SSLError) as e:
+            raise SpecError(f"--tls-cert/--tls-key: cannot load {cfg.tls_cert} and "
+                            f"{cfg.tls_key}: {getattr(e, 'strerror', None) or e}") from None
+        return []
+    if not _loopback(cfg.host):
+        return [(f"warning: --host {cfg.host} without TLS: API tokens and job specs cross the "
+                 "network in clear text; give --tls-cert and --tls-key")]
+    return []
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
 
 
 def serve(cfg: ServerConfig, *, announce=print) -> None:
     """Run until SIGINT or SIGTERM; running jobs are left running for the next start to adopt."""
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
+    warnings = check_network(cfg)
     # Bind first: a port in use is a one-line error before anything else starts.
     sock = socket.socket(socket.AF_INET6 if ":" in cfg.host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -75,12 +148,20 @@ def serve(cfg: ServerConfig, *, announce=print) -> None:
         raise PlinthError(f"--port: cannot listen on {cfg.host}:{cfg.port}: {e.strerror}") from None
     cp, auth = build(cfg)
     cp.start()
-    app = create_app(cp, auth)
+    app = create_app(cp, auth, max_body_bytes=cfg.max_body_bytes)
+    tls = {} if cfg.tls_cert is None else {"ssl_certfile": str(cfg.tls_cert),
+                                            "ssl_keyfile": str(cfg.tls_key)}
     server = uvicorn.Server(uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level="warning",
-                                           access_log=False, lifespan="off"))
-    announce(f"plinth control plane on http://{cfg.host}:{cfg.port} (pid {os.getpid()}), "
+                                           access_log=False, lifespan="off", **tls))
+    scheme = "https" if tls else "http"
+    announce(f"plinth control plane on {scheme}://{cfg.host}:{cfg.port} (pid {os.getpid()}), "
              f"store {cfg.db_url}, {cp.cluster.describe()}, policy {cfg.policy}, "
              f"isolation {getattr(cp.runtime, 'isolation', '?')}")
+    announce(f"dashboard {scheme}://{cfg.host}:{cfg.port}/ui, metrics at /metrics")
+    announce(isolation_note(cfg))
+    announce(cp.recovery.summary())
+    for w in warnings:
+        announce(w)
     try:
         server.run(sockets=[sock])
     finally:

@@ -24,9 +24,14 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import TypeVar
 
+from plinth.control import users
+from plinth.control.holds import Holds
 from plinth.control.kinds import controller_for, reconcile
-from plinth.control.spec import JobSpec
+from plinth.control.metrics import ControlMetrics
+from plinth.control.recovery import Recovery, recover
+from plinth.control.spec import MAX_ARRAY_TASKS, JobSpec, parse_array
 from plinth.control.store import Event, GroupCommit, Store
 from plinth.core.errors import PlinthError, SpecError, UnplaceableError
 from plinth.core.resources import Allocation, Cluster, Request, TenantQuota, WorkerSlot
@@ -40,13 +45,14 @@ from plinth.runtime.base import (
     worker_launches,
 )
 from plinth.sched import owner as o
-from plinth.sched.lifecycle import State, StopReason
+from plinth.sched.lifecycle import State
 from plinth.sched.placement import never_fits
 from plinth.sched.policies import make_policy
 from plinth.sched.policies.base import Policy
-from plinth.sched.types import JobState, SchedConfig
+from plinth.sched.types import SchedConfig
 
 log = logging.getLogger("plinth.control")
+T = TypeVar("T")
 
 # A job without max_runtime is planned as if it ran this long (backfill needs an estimate).
 DEFAULT_ESTIMATE_S = 24 * 3600.0
@@ -94,12 +100,15 @@ def job_from_spec(job_id: int, spec: JobSpec, tenant: str, submit_time: float) -
 class ControlPlane:
     def __init__(self, store: Store, runtime: Runtime, *, home: Path, policy: str = "drf",
                  config: SchedConfig | None = None, grace_s: float = 10.0,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, jobs_dir: Path | None = None) -> None:
+        """`jobs_dir`: run each tenant's jobs as its own Unix user, with their checkpoints under
+        it (needs root; see plinth.control.users). None: every job runs as this process's
+        user, with checkpoints under `home`."""
         self.store, self.runtime, self.home = store, runtime, Path(home)
         self.policy_name, self.grace_s, self.clock = policy, grace_s, clock
+        self.jobs_dir = jobs_dir
         self.config = config or SchedConfig(min_runtime=30.0)
         (self.home / "logs").mkdir(parents=True, exist_ok=True)
-        (self.home / "checkpoints").mkdir(parents=True, exist_ok=True)
         self.nodes = runtime.nodes()
         self._lock = threading.RLock()
         self._wake = threading.Event()
@@ -107,12 +116,16 @@ class ControlPlane:
         self._thread: threading.Thread | None = None
         self.specs: dict[int, JobSpec] = {}  # active jobs' specs
         self.handles: dict[int, Handle] = {}
+        self.recovery = Recovery()
+        self._ended_at: dict[int, float] = {}  # jobs that ended while the control plane was down
         self._incoming: deque[tuple[Job, JobSpec]] = deque()  # submitted, not yet seen
+        self.holds = Holds()  # submitted, kept from the owner: dependencies, array throttles
         self.writer = GroupCommit(store)
         self._next_pass = 0.0  # monotonic time before which no pass starts
         self._deferred: float | None = None  # a pass put off until then (spacing)
         policy_obj = self._rebuild()
         self.owner = o.Owner(self.cluster, policy_obj, self.config, keep_finished=False)
+        self.metrics = ControlMetrics(self)  # /metrics; read at scrape time
 
     # --- set-up -------------------------------------------------------------------------------
 
@@ -123,6 +136,7 @@ class ControlPlane:
                        for r in rows)
         with_quota = any(r["gpus"] is not None for r in rows)
         self.tenant_names = frozenset(r["name"] for r in rows)
+        self.tenant_users: dict[str, str | None] = {r["name"]: r["unix_user"] for r in rows}
         self._never_fits: dict[Request, str | None] = {}  # the nodes are fixed: memoised
         self.cluster = Cluster(tuple(self.nodes), name="local",
                                tenants=quotas if with_quota else ())
@@ -134,12 +148,30 @@ class ControlPlane:
                             f"{' and '.join(missing)}; {type(self.runtime).__name__} cannot")
         return policy
 
-    def set_tenant(self, name: str, gpus: float | None, borrowing_limit: float | None) -> None:
+    def set_tenant(self, name: str, gpus: float | None, borrowing_limit: float | None,
+                   user: str | None = None) -> str | None:
+        """Create a tenant or change its quota; returns the Unix user its jobs run as (None:
+        the server's). See plinth.control.users."""
         with self._lock:
-            self.store.put_tenant(name, gpus, borrowing_limit)
+            user = self._tenant_user(name, user)
+            self.store.put_tenant(name, gpus, borrowing_limit, user)
             policy = self._rebuild()
             self.owner.set_policy(policy, self.cluster)
             self._wake.set()
+            return user
+
+    def _tenant_user(self, tenant: str, asked: str | None) -> str | None:
+        if self.jobs_dir is None:  # not root: every job runs as the server's user
+            if asked is not None:
+                raise SpecError(f"user: tenants run as their own Unix users only when the "
+                                f"control plane runs as root (it runs as uid {os.geteuid()})")
+            return None
+        if asked is not None:
+            return users.existing_user(asked, "user").name
+        known = self.tenant_users.get(tenant)
+        if known is not None or tenant == "default":  # the admin's tenant: the server's user
+            return known
+        return users.ensure_user(tenant).name
 
     @property
     def policy(self) -> Policy:
@@ -159,49 +191,16 @@ class ControlPlane:
         self.runtime.close()
 
     def recover(self) -> None:
-        """Rebuild the owner from the store after a (re)start: pending jobs queue again; running
-        ones are re-adopted if their processes are still the same, else requeued as lost."""
-        now = self.clock()
-        owner = self.owner
-        for row in self.store.active_jobs():
-            spec = JobSpec.model_validate(row["spec"])
-            job = job_from_spec(row["id"], spec, row["tenant"], row["submit_time"])
-            self.specs[job.id] = spec
-            js = JobState(job, pending_since=row["submit_time"], attempt=row["attempt"],
-                          preemptions=row["preemptions"],
-                          checkpoint_step=row.get("checkpoint_step"),
-                          checkpoint_time=row.get("checkpoint_time"))
-            state = State(row["state"])
-            if state is State.PENDING:
-                owner.restore(js, now)
-                continue
-            alloc = allocation_from_json(row["allocation"]) if row["allocation"] else None
-            if row["handle"] is None or alloc is None or not owner.held.fits(alloc, job.request):
-                # Killed between recording the start and launching, or the nodes changed.
-                why = ("control plane restarted before the launch was recorded"
-                       if row["handle"] is None else "allocation no longer fits")
-                self.store.transition(job.id, state, State.PENDING, now, "lost", why,
-                                      handle=None, allocation=None, stop_reason=None,
-                                      reason=f"requeued after lost: {why}")
-                owner.restore(js, now)
-                continue
-            js.status, js.allocation = state, alloc
-            js.start_time = js.first_start = row["start_time"]
-            stop = StopReason(row["stop_reason"]) if row["stop_reason"] else None
-            owner.restore(js, now, stop=stop)
-            handle = self.handles[job.id] = Handle.from_dict(row["handle"])
-            if self.runtime.adopt(handle):
-                self.store.add_events([Event(job.id, "adopted", "processes still running "
-                                             "(pid and start time match)")], now)
-                if state is State.STOPPING:
-                    self.runtime.stop(job.id, js.attempt, self.grace_s)
-            # else: the runtime queued an EXITED or LOST event; the loop handles it.
+        """Rebuild the owner from the store after a (re)start (see plinth.control.recovery)."""
+        recover(self)
 
     # --- API-facing operations ----------------------------------------------------------------
 
     def submit(self, spec: JobSpec, tenant: str) -> int:
         """Accept a job: check it, store it, queue it. Returns its id."""
         spec, row, now = self.admit(spec, tenant)
+        if spec.array:
+            return self.submit_tasks(spec, row, now)[0]
         return self.accepted(self.store.insert_job(row, now), spec, now)
 
     def admit(self, spec: JobSpec, tenant: str) -> tuple[JobSpec, dict, float]:
@@ -219,6 +218,9 @@ class ControlPlane:
         if why is not None:
             raise UnplaceableError(f"job {spec.name!r} can never run here: {why} "
                                    f"(cluster: {self.cluster.describe()})")
+        if spec.array_index is not None or spec.array_id is not None:
+            raise SpecError("array_index: set by the platform for the tasks of an array; "
+                            "ask for one with `array: 0-99`")
         spec = spec.model_copy(update={"tenant": tenant})
         row = {"name": spec.name, "tenant": tenant, "priority": spec.priority,
                "spec": spec.model_dump(mode="json"), "reason": "queued"}
@@ -229,23 +231,76 @@ class ControlPlane:
         a submission never waits for a scheduling pass."""
         job = job_from_spec(job_id, spec, spec.tenant or "default", now)
         self._incoming.append((job, spec))
+        self.metrics.submitted(job.tenant, spec.kind)
         self._wake.set()
         return job_id
 
     def _take_incoming(self) -> list[o.Event]:
+        """New submissions for the owner, and held jobs that may go now (see holds.py)."""
         events: list[o.Event] = []
         while self._incoming:
             job, spec = self._incoming.popleft()
             self.specs[job.id] = spec
-            events.append(o.Submitted(job))
-        return events
+            if self.holds.needs_hold(spec):
+                self.holds.hold(job, spec)
+            else:
+                events.append(o.Submitted(job))
+        return events + self.release_held() if self.holds.dirty else events
+
+    def release_held(self) -> list[o.Event]:
+        """Held jobs that may go to the owner now; those that never can are cancelled."""
+        go, never = self.holds.release(self._state_of)
+        now = self.clock()
+        for job_id, why in never:  # as Slurm's kill_invalid_depend
+            self.store.transition(job_id, State.PENDING, State.CANCELLED, now, "cancelled",
+                                  why, end_time=now, reason=why)
+            self.specs.pop(job_id, None)
+        return [o.Submitted(job) for job, _ in go]
+
+    def _state_of(self, job_id: int) -> tuple[State, bool] | None:
+        """(state, has started) of a job, for its dependents; None if there is no such job.
+        An array's id stands for all its tasks, as in Slurm."""
+        spec = self.specs.get(job_id)  # an active job's (held, or with the owner)
+        if spec is None:  # ended, or just submitted (stored before it is queued)
+            row = self.store.job(job_id)
+            if row is None or row["array_id"] != job_id:
+                return None if row is None else (State(row["state"]), row["attempt"] > 0)
+        elif spec.array_id != job_id:
+            js = self.owner.jobs.get(job_id)
+            return (js.status, js.attempt > 0) if js is not None else (State.PENDING, False)
+        tasks = self.store.jobs(array=job_id, limit=MAX_ARRAY_TASKS)
+        states, started = [State(t["state"]) for t in tasks], any(t["attempt"] for t in tasks)
+        if all(s.terminal for s in states):
+            return (State.SUCCEEDED if all(s is State.SUCCEEDED for s in states) else
+                    State.FAILED), started
+        return (State.RUNNING if started else State.PENDING), started
+
+    def submit_tasks(self, spec: JobSpec, row: dict, now: float) -> list[int]:
+        """Store and queue the tasks of a job array (`spec.array`), one job each with its
+        index; the array's id is its first task's."""
+        indices, _ = parse_array(spec.array)  # type: ignore[arg-type]  # an array spec
+        tasks = [spec.model_copy(update={"array_index": i}) for i in indices]
+        ids = self.store.insert_jobs([({**row, "spec": t.model_dump(mode="json"),
+                                        "array_index": t.array_index}, now, "") for t in tasks],
+                                     array=True)
+        for job_id, t in zip(ids, tasks):
+            self.accepted(job_id, t.model_copy(update={"array_id": ids[0]}), now)
+        return ids
 
     def cancel(self, job_id: int) -> str:
         """Cancel a job; returns its state afterwards."""
         with self._lock:
             now = self.clock()
-            out = self.owner.handle([*self._take_incoming(), o.Cancelled(job_id)], now,
-                                    schedule=False)
+            events = self._take_incoming()
+            if job_id in self.holds.jobs:  # the owner has not seen it: it ends here
+                spec = self.specs.pop(job_id, None)
+                self.holds.ended(job_id, spec)
+                self.store.transition(job_id, State.PENDING, State.CANCELLED, now, "cancelled",
+                                      "cancelled by the user while held", end_time=now,
+                                      reason="cancelled by the user while held")
+                self._carry_out(self.owner.handle(events, now, schedule=False), now)
+                return State.CANCELLED.value
+            out = self.owner.handle([*events, o.Cancelled(job_id)], now, schedule=False)
             for r in out.rejected:
                 if r.event == o.Cancelled(job_id):
                     row = self.store.job(job_id) if r.code == "not-found" else None
@@ -258,6 +313,8 @@ class ControlPlane:
             return js.status.value if js is not None else State.CANCELLED.value
 
     def reason(self, job_id: int) -> str | None:
+        if job_id in self.holds.reasons:
+            return self.holds.reasons[job_id]
         js = self.owner.jobs.get(job_id)
         return js.reason if js is not None and js.reason else \
             "queued: waiting for the next scheduling pass"
@@ -265,10 +322,13 @@ class ControlPlane:
     def log_path(self, job_id: int) -> Path:
         return self.home / "logs" / f"{job_id}.log"
 
-    def node_usage(self) -> list[dict]:
+    def node_usage(self, tenant: str | None = None) -> list[dict]:
+        """Each node's use; `running` lists only `tenant`'s jobs when a tenant is given (a
+        tenant sees how full a node is, not what others run on it)."""
         with self._lock:
             held, out = self.owner.held, []
-            running = sorted(j for j, js in self.owner.jobs.items() if js.status.active)
+            running = sorted(j for j, js in self.owner.jobs.items() if js.status.active
+                             and (tenant is None or js.job.tenant == tenant))
             for i, n in enumerate(self.cluster.nodes):
                 first, count = self.cluster.node_gpu_range[i]
                 free = held.gpu_free_milli[first:first + count]
@@ -285,6 +345,12 @@ class ControlPlane:
                     if running else [],
                 })
             return out
+
+    def read(self, fn: Callable[[o.Owner], T]) -> T:
+        """`fn(owner)` under the loop's lock: a consistent view of the queue and the GPUs for
+        the dashboard and /metrics, without copying them."""
+        with self._lock:
+            return fn(self.owner)
 
     def notify(self) -> None:
         """Wake the loop (the runtime calls this, from its own thread, when events are ready)."""
@@ -331,12 +397,17 @@ class ControlPlane:
                 self._carry_out(out, now)
                 out = owner.handle([], now)
                 self._next_pass = time.monotonic() + max(MIN_PASS_INTERVAL_S, 9 * out.policy_s)
+                self.metrics.scheduled(out)
             self._carry_out(out, now)
+            if self.holds.dirty and self.holds.jobs:  # a job ended or started: look again
+                self._wake.set()
 
     def _runtime_events(self, reports: Iterable[RuntimeEvent]) -> list[o.Event]:
         events: list[o.Event] = []
         for ev in reports:
             if ev.kind is EventKind.EXITED:
+                if ev.at is not None:  # it ended while the control plane was down
+                    self._ended_at[ev.job_id] = ev.at
                 events.append(o.Exited(ev.job_id, ev.attempt, ev.exit_code or 0, ev.message))
             elif ev.kind is EventKind.LOST:
                 events.append(o.Lost(ev.job_id, ev.attempt, ev.message or "processes vanished"))
@@ -378,20 +449,33 @@ class ControlPlane:
             fields["handle"] = None
         if t.new.terminal or t.new is State.PENDING:
             self.handles.pop(t.job_id, None)
+        at = t.at
         if t.new.terminal:
-            self.specs.pop(t.job_id, None)
+            self.holds.ended(t.job_id, self.specs.pop(t.job_id, None))
+            ended = self._ended_at.pop(t.job_id, None)
+            if ended is not None and "end_time" in fields:
+                at = fields["end_time"] = min(ended, t.at)
+        if t.new is State.RUNNING and self.holds.jobs:
+            self.holds.dirty = True  # an `after` dependency may be met
+        if t.new is State.STOPPING and "reason" not in fields:
+            fields["reason"] = f"stopping: {t.message}"
         if t.old is t.new:
             if fields:
                 self.store.update_job(t.job_id, **fields)
             self.store.add_events([Event(t.job_id, t.kind, t.message)], t.at)
         else:
-            self.store.transition(t.job_id, t.old, t.new, t.at, t.kind, t.message, **fields)
+            self.store.transition(t.job_id, t.old, t.new, at, t.kind, t.message, **fields)
 
     def _launch(self, ins: o.Launch, now: float) -> o.Event:
+        # Any error here is this job's alone: it becomes launch-failed and releases what it
+        # held, and the loop goes on with the others.
         try:
             handle = self.runtime.launch(self._launch_spec(ins))
-        except PlinthError as e:
-            return o.LaunchFailed(ins.job_id, ins.attempt, str(e))
+        except Exception as e:
+            if not isinstance(e, PlinthError):
+                log.exception("job %d: launch failed", ins.job_id)
+            why = str(e) if isinstance(e, PlinthError) else f"{type(e).__name__}: {e}"
+            return o.LaunchFailed(ins.job_id, ins.attempt, why)
         self.handles[ins.job_id] = handle
         self.store.update_job(ins.job_id, handle=handle.to_dict())
         return o.Started(ins.job_id, ins.attempt, now)
@@ -400,19 +484,39 @@ class ControlPlane:
         spec, alloc = self.specs[ins.job_id], ins.allocation
         req = spec.request()
         workers = worker_launches(self.cluster, alloc, req)
-        ckpt = spec.checkpoint_dir or str(self.home / "checkpoints" / str(ins.job_id))
-        Path(ckpt).mkdir(parents=True, exist_ok=True)
+        tenant = spec.tenant or "default"
+        run_as = self.tenant_users.get(tenant) if self.jobs_dir is not None else None
+        user = users.UnixUser.named(run_as) if run_as else None
+        # Made by the job when it first saves (plinth.job), so a job that never saves leaves
+        # no empty folder behind; with per-tenant users, under its tenant's own folder.
+        root = (self.home / "checkpoints" if self.jobs_dir is None else
+                users.tenant_dir(self.jobs_dir, tenant, user))
+        ckpt = spec.checkpoint_dir or str(root / str(ins.job_id))
         log_path = self.log_path(ins.job_id)
         with open(log_path, "a", encoding="utf-8") as f:
+            if user is not None:  # the tenant's; in a folder only the server can enter
+                os.fchown(f.fileno(), user.uid, user.gid)
+                os.fchmod(f.fileno(), 0o600)
             f.write(f"=== plinth: attempt {ins.attempt} of job {ins.job_id} ({spec.name}) starts "
                     f"at {time.strftime('%Y-%m-%d %H:%M:%S')} on "
                     f"{', '.join(sorted({w.node for w in workers}))} ===\n")
         # Jobs run in the platform's Python environment first, as a `python` in a spec expects.
         path = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
-        env = {"PATH": path, "PYTHONUNBUFFERED": "1", **spec.env}
+        # A tenant's own user has its own folder as HOME, not the server's.
+        home = {} if self.jobs_dir is None else {"HOME": str(root)}
+        env = {"PATH": path, "PYTHONUNBUFFERED": "1", **home, **spec.env}
+        if spec.array_index is not None:  # as SLURM_ARRAY_TASK_ID and SLURM_ARRAY_JOB_ID
+            env.update(PLINTH_ARRAY_INDEX=str(spec.array_index),
+                       PLINTH_ARRAY_JOB_ID=str(spec.array_id))
         command = tuple(spec.command)
         if spec.placement is not None:
-            # The plan is made for the GPUs this attempt got, before the job's own command runs.
+            # The plan is made for the GPUs this attempt got, before the job's own command runs,
+            # and written into the checkpoint folder, which must be there for it. As root, only
+            # a folder in the tenant's own is made (never a path the spec names).
+            if user is None or not spec.checkpoint_dir:
+                Path(ckpt).mkdir(parents=True, exist_ok=True)
+                if user is not None:
+                    os.chown(ckpt, user.uid, user.gid, follow_symlinks=False)
             p, node = spec.placement, self.cluster.nodes[alloc.slots[0].node]
             memory = (p.memory or req.gpu_memory_mib or
                       (node.model.memory_mib if node.model else 16 * 1024)) * 2**20
@@ -421,4 +525,4 @@ class ControlPlane:
             command = (sys.executable, "-m", "plinth.place.for_job", "--", *command)
         return LaunchSpec(job_id=ins.job_id, attempt=ins.attempt, command=command,
                           workers=tuple(workers), log_path=str(log_path), env=env,
-                          workdir=spec.workdir, checkpoint_dir=ckpt)
+                          workdir=spec.workdir, checkpoint_dir=ckpt, run_as=run_as)

@@ -21,7 +21,9 @@ priority: 0
 preemptible: true
 max_runtime: 30m            # seconds, or 90s / 30m / 2h / 1d
 retries: 0                  # requeue a failed run this many times
-checkpoint_dir: /data/ckpt  # default: $PLINTH_HOME/checkpoints/JOB
+checkpoint_dir: /data/ckpt  # default: $PLINTH_HOME/checkpoints/JOB (as root: --jobs-dir/TENANT/JOB)
+afterok: [12]               # start once job 12 has succeeded; also after, afterany, afternotok
+array: 0-99%10              # 100 tasks, PLINTH_ARRAY_INDEX 0..99, at most 10 at a time
 placement:                  # optional: a model-parallel plan for the GPUs given (Baechi)
   model: plinth.place.models:gnmt
   algo: m-etf               # m-etf, m-sct or m-topo
@@ -33,7 +35,7 @@ placement:                  # optional: a model-parallel plan for the GPUs given
 from __future__ import annotations
 
 import re
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -47,6 +49,45 @@ _SECONDS = {None: 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 # Bounds far beyond any machine, so that absurd numbers are rejected by name, not overflowed.
 MAX_CPUS, MAX_GPUS, MAX_MIB, MAX_RUNTIME_S = 65536, 1024, 2**40, 10 * 365 * 86400
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+# What execve accepts as a variable name, and what a shell can export.
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def _no_nul(value: str, what: str) -> str:
+    """execve takes C strings: a NUL byte would cut the value short, so it is refused here."""
+    if "\0" in value:
+        raise ValueError(f"{what} contains a NUL byte")
+    return value
+
+
+DEPENDENCY_KINDS = ("after", "afterany", "afterok", "afternotok")
+MAX_DEPENDENCIES = 1000
+MAX_ARRAY_TASKS = 10000
+JobRef = Annotated[int, Field(ge=1, le=2**63 - 1)]
+_ARRAY_PART = re.compile(r"^(\d+)(?:-(\d+)(?::(\d+))?)?$")
+
+
+def parse_array(text: str) -> tuple[list[int], int | None]:
+    """Slurm's --array: ("0-99%10") -> ([0, ..., 99], 10); ("1,3,8-10") -> ([1, 3, 8, 9, 10],
+    None). ValueError saying what is wrong."""
+    body, _, limit_text = str(text).strip().partition("%")
+    if limit_text and not limit_text.isdigit() or limit_text == "0":
+        raise ValueError(f"the limit after '%' must be a whole number >= 1, got {text!r}")
+    indices: list[int] = []
+    for part in body.split(","):
+        m = _ARRAY_PART.match(part.strip())
+        if m is None:
+            raise ValueError(f"expected indices like 0-99, 1,3,5 or 0-15:4, with %N for at "
+                             f"most N at a time; got {text!r}")
+        first, last, step = int(m.group(1)), int(m.group(2) or m.group(1)), int(m.group(3) or 1)
+        if last < first or step < 1:
+            raise ValueError(f"{part.strip()!r}: a range runs from low to high in steps >= 1")
+        if (last - first) // step + 1 + len(indices) > MAX_ARRAY_TASKS:
+            raise ValueError(f"at most {MAX_ARRAY_TASKS} tasks, got more in {text!r}")
+        indices.extend(range(first, last + 1, step))
+    if len(set(indices)) != len(indices):
+        raise ValueError(f"an index appears twice in {text!r}")
+    return indices, int(limit_text) if limit_text else None
 
 
 def parse_duration(value: Any) -> float:
@@ -70,13 +111,13 @@ def parse_duration(value: Any) -> float:
 class Resources(BaseModel):
     """Per worker."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     cpus: float = Field(1.0, ge=0, le=MAX_CPUS)
-    memory: int = Field(4096, ge=0, le=MAX_MIB)  # MiB
+    memory: int = Field(4096, ge=0, le=MAX_MIB, json_schema_extra={"unit": "MiB"})
     gpus: int = Field(0, ge=0, le=MAX_GPUS)
     gpu_fraction: float | None = Field(None, gt=0, le=1)
-    gpu_memory: int | None = Field(None, ge=0, le=MAX_MIB)  # MiB
+    gpu_memory: int | None = Field(None, ge=0, le=MAX_MIB, json_schema_extra={"unit": "MiB"})
     gpu_model: list[str] = Field(default_factory=list)
 
     @field_validator("memory", "gpu_memory", mode="before")
@@ -121,7 +162,7 @@ class Placement(BaseModel):
 
 
 class JobSpec(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     run_with: ClassVar[str] = "plinth submit FILE"
 
     kind: Literal["Job"] = "Job"
@@ -134,10 +175,33 @@ class JobSpec(BaseModel):
     workers: int = Field(1, ge=1, le=1024)
     priority: int = Field(0, ge=-(2**31), le=2**31 - 1)
     preemptible: bool = True
-    max_runtime: float | None = Field(None, gt=0, le=MAX_RUNTIME_S)  # seconds
+    max_runtime: float | None = Field(None, gt=0, le=MAX_RUNTIME_S,
+                                      json_schema_extra={"unit": "s"})
     retries: int = Field(0, ge=0, le=100)
     checkpoint_dir: str | None = None
     placement: Placement | None = None
+    # Dependencies, as Slurm's --dependency: start after these jobs have started (after), ended
+    # (afterany), succeeded (afterok) or ended without success (afternotok).
+    after: list[JobRef] = Field(default_factory=list, max_length=MAX_DEPENDENCIES)
+    afterany: list[JobRef] = Field(default_factory=list, max_length=MAX_DEPENDENCIES)
+    afterok: list[JobRef] = Field(default_factory=list, max_length=MAX_DEPENDENCIES)
+    afternotok: list[JobRef] = Field(default_factory=list, max_length=MAX_DEPENDENCIES)
+    # A job array, as Slurm's --array: "0-99", "1,3,5", "0-15:4", with "%10" to run at most
+    # 10 tasks at a time. Each task is a job of its own, with PLINTH_ARRAY_INDEX.
+    array: str | None = None
+    array_index: int | None = Field(None, description="set by the platform for array tasks")
+    array_id: int | None = Field(None, description="set by the platform: the array's id")
+
+    def dependencies(self) -> list[tuple[str, int]]:
+        """(kind, job id) of every dependency, in the order of DEPENDENCY_KINDS."""
+        return [(kind, j) for kind in DEPENDENCY_KINDS for j in getattr(self, kind)]
+
+    @field_validator("array")
+    @classmethod
+    def _array(cls, v: str | None) -> str | None:
+        if v is not None:
+            parse_array(v)
+        return v
 
     @field_validator("name")
     @classmethod
@@ -159,6 +223,18 @@ class JobSpec(BaseModel):
                     str(x) if isinstance(x, (int, float)) else x for x in v]
         return v
 
+    @field_validator("command")
+    @classmethod
+    def _command_c_strings(cls, v: list[str]) -> list[str]:
+        for i, arg in enumerate(v):
+            _no_nul(arg, f"argument {i}")
+        return v
+
+    @field_validator("workdir", "checkpoint_dir")
+    @classmethod
+    def _path(cls, v: str | None) -> str | None:
+        return None if v is None else _no_nul(v, "the path")
+
     @field_validator("env", mode="before")
     @classmethod
     def _env(cls, v: Any) -> Any:
@@ -166,6 +242,16 @@ class JobSpec(BaseModel):
         if isinstance(v, dict):
             return {str(k): (str(x).lower() if isinstance(x, bool) else str(x))
                     for k, x in v.items()}
+        return v
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, v: dict[str, str]) -> dict[str, str]:
+        for k, x in v.items():
+            if not _ENV_NAME.match(k):
+                raise ValueError(f"{k!r} is not a variable name (letters, digits and '_', "
+                                 "not starting with a digit)")
+            _no_nul(x, f"the value of {k}")
         return v
 
     @field_validator("max_runtime", mode="before")

@@ -51,6 +51,8 @@ jobs = sa.Table(
     sa.Column("preemptions", sa.Integer, nullable=False, default=0),
     sa.Column("checkpoint_step", sa.Integer),  # the last checkpoint the job reported
     sa.Column("checkpoint_time", sa.Float),
+    sa.Column("array_id", sa.Integer, index=True),  # a job array's id: its first task's
+    sa.Column("array_index", sa.Integer),  # the task's index in its array
 )
 
 events = sa.Table(
@@ -67,6 +69,7 @@ tenants = sa.Table(
     sa.Column("name", sa.String(64), primary_key=True),
     sa.Column("gpus", sa.Float),  # nominal GPU quota; NULL: an equal share
     sa.Column("borrowing_limit", sa.Float),  # NULL: may borrow all idle quota
+    sa.Column("unix_user", sa.String(32)),  # its jobs run as this user (root server); NULL: ours
 )
 
 tokens = sa.Table(
@@ -75,7 +78,11 @@ tokens = sa.Table(
     sa.Column("tenant", sa.String(64), sa.ForeignKey("tenants.name"), nullable=False),
     sa.Column("admin", sa.Boolean, nullable=False, default=False),
     sa.Column("created", sa.Float, nullable=False),
+    sa.Column("expires", sa.Float),  # NULL: never
 )
+# A token is known by the start of its digest: enough to name it (`plinth tenant revoke ID`),
+# nothing to log in with.
+TOKEN_ID_CHARS = 12
 
 
 _INSERT_JOB = jobs.insert()
@@ -109,7 +116,10 @@ class Store:
         kwargs: dict[str, Any] = {}
         if self.sqlite:
             path = self.url.removeprefix("sqlite:///")
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            # A typo in --db must not create directories all over the file system.
+            if path and path != ":memory:" and not Path(path).parent.is_dir():
+                raise SpecError(f"--db: cannot use {url!r}: directory {Path(path).parent} "
+                                "does not exist")
             kwargs["connect_args"] = {"check_same_thread": False, "timeout": 30}
         try:
             self.engine = sa.create_engine(self.url, **kwargs)
@@ -121,8 +131,21 @@ class Store:
         self._write = threading.Lock() if self.sqlite else contextlib.nullcontext()
         try:
             metadata.create_all(self.engine)
+            self._add_missing_columns()
         except sa.exc.OperationalError as e:
             raise PlinthError(f"--db: cannot open {url!r}: {str(e.orig).strip()}") from None
+
+    def _add_missing_columns(self) -> None:
+        """A store made by an older version gains the columns added since (all nullable)."""
+        inspector = sa.inspect(self.engine)
+        for table in metadata.sorted_tables:
+            have = {c["name"] for c in inspector.get_columns(table.name)}
+            for col in table.columns:
+                if col.name not in have:
+                    kind = col.type.compile(dialect=self.engine.dialect)
+                    with self._write, self.engine.begin() as c:
+                        c.execute(sa.text(f"ALTER TABLE {table.name} ADD COLUMN {col.name} "
+                                          f"{kind}"))
 
     def close(self) -> None:
         self.engine.dispose()
@@ -132,19 +155,26 @@ class Store:
     def insert_job(self, row: Mapping[str, Any], now: float, message: str = "") -> int:
         return self.insert_jobs([(row, now, message)])[0]
 
-    def insert_jobs(self, batch: Sequence[tuple[Mapping[str, Any], float, str]]) -> list[int]:
-        """Insert submitted jobs, each with its `submitted` event, in one transaction."""
+    def insert_jobs(self, batch: Sequence[tuple[Mapping[str, Any], float, str]], *,
+                    array: bool = False) -> list[int]:
+        """Insert submitted jobs, each with its `submitted` event, in one transaction; with
+        `array`, they are the tasks of one job array, whose id is the first task's."""
         ids = []
         with self._write, self.engine.begin() as c:
             if self.sqlite:  # the hot path: the driver directly, no statement machinery
-                return _sqlite_insert_jobs(c.connection.driver_connection, batch)
-            # Parameters go separately from the statement, so it is compiled once.
-            for row, now, message in batch:
-                job_id = int(c.execute(_INSERT_JOB, {**row, "state": State.PENDING.value,
-                                                     "submit_time": now}).inserted_primary_key[0])
-                c.execute(_INSERT_EVENT, {"job_id": job_id, "time": now, "kind": "submitted",
-                                          "message": message})
-                ids.append(job_id)
+                ids = _sqlite_insert_jobs(c.connection.driver_connection, batch)
+            else:
+                # Parameters go separately from the statement, so it is compiled once.
+                for row, now, message in batch:
+                    job_id = int(c.execute(_INSERT_JOB, {**row, "state": State.PENDING.value,
+                                                         "submit_time": now}
+                                           ).inserted_primary_key[0])
+                    c.execute(_INSERT_EVENT, {"job_id": job_id, "time": now,
+                                              "kind": "submitted", "message": message})
+                    ids.append(job_id)
+            if array and ids:
+                c.execute(jobs.update().where(jobs.c.id == sa.bindparam("task"))
+                          .values(array_id=ids[0]), [{"task": i} for i in ids])
         return ids
 
     def transition(self, job_id: int, old: State, new: State, now: float, kind: str,
@@ -177,14 +207,33 @@ class Store:
         return dict(row) if row else None
 
     def jobs(self, *, tenant: str | None = None, states: Iterable[State] | None = None,
-             limit: int = 1000) -> list[dict]:
-        q = jobs.select().order_by(jobs.c.id.desc()).limit(limit)
+             name: str | None = None, array: int | None = None, limit: int = 1000,
+             offset: int = 0) -> list[dict]:
+        """Jobs matching every filter given, newest first; `offset` skips that many (paging)."""
+        q = self._filter(jobs.select(), tenant, states, name, array)
+        q = q.order_by(jobs.c.id.desc()).limit(limit).offset(offset)
+        with self.engine.connect() as c:
+            return [dict(r) for r in c.execute(q).mappings()]
+
+    def count_jobs(self, *, tenant: str | None = None, states: Iterable[State] | None = None,
+                   name: str | None = None, array: int | None = None) -> int:
+        q = self._filter(sa.select(sa.func.count()).select_from(jobs), tenant, states, name,
+                         array)
+        with self.engine.connect() as c:
+            return int(c.execute(q).scalar_one())
+
+    @staticmethod
+    def _filter(q: Any, tenant: str | None, states: Iterable[State] | None,
+                name: str | None, array: int | None) -> Any:
         if tenant is not None:
             q = q.where(jobs.c.tenant == tenant)
         if states is not None:
             q = q.where(jobs.c.state.in_([s.value for s in states]))
-        with self.engine.connect() as c:
-            return [dict(r) for r in c.execute(q).mappings()]
+        if name is not None:
+            q = q.where(jobs.c.name == name)
+        if array is not None:
+            q = q.where(jobs.c.array_id == array)
+        return q
 
     def active_jobs(self) -> list[dict]:
         """Every job not yet in a terminal state, oldest first: what a restart recovers."""
@@ -198,30 +247,57 @@ class Store:
 
     # --- tenants and tokens ---------------------------------------------------------------
 
-    def put_tenant(self, name: str, gpus: float | None, borrowing_limit: float | None) -> None:
+    def put_tenant(self, name: str, gpus: float | None, borrowing_limit: float | None,
+                   unix_user: str | None = None) -> None:
         with self._write, self.engine.begin() as c:
             c.execute(tenants.delete().where(tenants.c.name == name))
             c.execute(tenants.insert().values(name=name, gpus=gpus,
-                                              borrowing_limit=borrowing_limit))
+                                              borrowing_limit=borrowing_limit,
+                                              unix_user=unix_user))
 
     def tenants(self) -> list[dict]:
         with self.engine.connect() as c:
             return [dict(r) for r in c.execute(tenants.select().order_by(tenants.c.name))
                     .mappings()]
 
-    def add_token(self, token: str, tenant: str, admin: bool = False) -> None:
+    def add_token(self, token: str, tenant: str, admin: bool = False,
+                  expires: float | None = None) -> str:
+        """Store a token's digest; returns the token's id."""
         with self._write, self.engine.begin() as c:
             c.execute(tokens.insert().values(digest=digest(token), tenant=tenant, admin=admin,
-                                             created=time.time()))
+                                             created=time.time(), expires=expires))
+        return digest(token)[:TOKEN_ID_CHARS]
 
-    def tokens(self) -> dict[str, tuple[str, bool]]:
-        """digest -> (tenant, admin)."""
+    def tokens(self) -> dict[str, tuple[str, bool, float | None]]:
+        """digest -> (tenant, admin, expires)."""
         with self.engine.connect() as c:
-            return {r.digest: (r.tenant, r.admin) for r in c.execute(tokens.select())}
+            return {r.digest: (r.tenant, r.admin, r.expires)
+                    for r in c.execute(tokens.select())}
+
+    def token_rows(self, tenant: str | None = None) -> list[dict]:
+        """Every token by id (never by secret or digest), oldest first."""
+        q = tokens.select().order_by(tokens.c.created)
+        if tenant is not None:
+            q = q.where(tokens.c.tenant == tenant)
+        with self.engine.connect() as c:
+            return [{"id": r.digest[:TOKEN_ID_CHARS], "tenant": r.tenant, "admin": r.admin,
+                     "created": r.created, "expires": r.expires} for r in c.execute(q)]
+
+    def revoke_token(self, token_id: str) -> str | None:
+        """Delete the token with this id; returns its digest, None if there is none."""
+        if len(token_id) != TOKEN_ID_CHARS or not all(ch in "0123456789abcdef" for ch in token_id):
+            return None
+        with self._write, self.engine.begin() as c:
+            found = c.execute(sa.select(tokens.c.digest)
+                              .where(tokens.c.digest.startswith(token_id))).scalars().all()
+            if len(found) != 1:
+                return None
+            c.execute(tokens.delete().where(tokens.c.digest == found[0]))
+            return found[0]
 
 
 _JOB_COLUMNS = ("name", "tenant", "priority", "spec", "reason", "state", "submit_time", "attempt",
-                "preemptions")
+                "preemptions", "array_index")
 _SQLITE_JOB = (f"INSERT INTO jobs ({', '.join(_JOB_COLUMNS)}) "
                f"VALUES ({', '.join('?' * len(_JOB_COLUMNS))})")
 _SQLITE_EVENT = "INSERT INTO events (job_id, time, kind, message) VALUES (?, ?, ?, ?)"
@@ -237,7 +313,7 @@ def _sqlite_insert_jobs(conn: Any, batch: Sequence[tuple[Mapping[str, Any], floa
     for row, now, message in batch:
         cur.execute(_SQLITE_JOB, (row["name"], row["tenant"], row.get("priority", 0),
                                   json.dumps(row["spec"]), row.get("reason", ""),
-                                  State.PENDING.value, now, 0, 0))
+                                  State.PENDING.value, now, 0, 0, row.get("array_index")))
         ids.append(int(cur.lastrowid))
         evs.append((cur.lastrowid, now, "submitted", message))
     cur.executemany(_SQLITE_EVENT, evs)

@@ -193,11 +193,29 @@ def _error_text(err: dict[str, Any], root: type[BaseModel]) -> str:
     bounds = {"greater_than_equal": ">=", "greater_than": ">", "less_than_equal": "<=",
               "less_than": "<"}
     if kind in bounds:
-        limit = next(iter(ctx.values()))
-        return f"must be {bounds[kind]} {limit:g} (got {got!r})"
+        limit, unit = next(iter(ctx.values())), _unit(root, tuple(err["loc"]))
+        return f"must be {bounds[kind]} {_plain(limit)}{unit} (got {_plain(got)}{unit})"
+    if kind == "finite_number":
+        return f"must be a finite number (got {got!r})"
     if kind == "value_error":
         return str(ctx.get("error", err["msg"]))
     return f"{err['msg'][0].lower()}{err['msg'][1:]} (got {got!r})"
+
+
+def _plain(x: Any) -> str:
+    """A number as a person writes it: 2147483647, 0.25; never 2.14748e+09."""
+    if isinstance(x, float) and x.is_integer() and abs(x) < 1e18:
+        return str(int(x))
+    return repr(x) if isinstance(x, str) else str(x)
+
+
+def _unit(root: type[BaseModel], loc: tuple[Any, ...]) -> str:
+    """" MiB", " s": the unit a field declares (json_schema_extra={"unit": ...}), if any."""
+    if not loc or not isinstance(loc[-1], str):
+        return ""
+    info = _owner(root, loc).model_fields.get(loc[-1])
+    extra = info.json_schema_extra if info is not None else None
+    return f" {extra['unit']}" if isinstance(extra, dict) and "unit" in extra else ""
 
 
 def validation_message(where: str, exc: ValidationError, root: type[BaseModel]) -> str:

@@ -41,6 +41,7 @@ class LaunchSpec:
     env: Mapping[str, str] = field(default_factory=dict)
     workdir: str | None = None
     checkpoint_dir: str | None = None  # exported as PLINTH_CHECKPOINT_DIR
+    run_as: str | None = None  # the Unix user the command runs as (a root runtime only)
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,7 +91,9 @@ class RuntimeEvent:
     exit_code: int | None = None
     message: str = ""
     step: int | None = None  # CHECKPOINTED: the step the job saved
-    at: float | None = None  # CHECKPOINTED: when it was written (the runtime's clock)
+    # CHECKPOINTED: when it was written (the runtime's clock); EXITED of an attempt that ended
+    # while no runtime watched it: when it ended.
+    at: float | None = None
 
 
 class Runtime(Protocol):

@@ -26,10 +26,12 @@ GPUs; a worker's GPU indices are local to its node and mapped to the machine's n
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
 import os
+import pwd
 import shutil
 import signal
 import subprocess
@@ -65,14 +67,15 @@ log = logging.getLogger(__name__)
 POLL_S = 0.05
 MIB = 2**20
 SHIM = str(Path(shim.__file__).resolve())
+SETPRIV = shutil.which("setpriv")  # drops to a tenant's user (run_as)
 START_TIME_TOLERANCE_S = 0.001
 # A marker is a few dozen bytes; anything much larger is not one of ours and is not read.
 MARKER_MAX_BYTES = 4096
 # An adopted attempt's launch time is known only from the kernel's process start times, which
 # psutil derives from a boot time in whole seconds.
 ADOPTED_START_SLACK_S = 1.0
-# Inherited variables that would attach a worker to the wrong MPS daemon or mislabel it.
-_SCRUBBED_PREFIXES = ("CUDA_MPS_", "PLINTH_")
+# All a worker inherits from the server's environment (as Slurm's --export=NONE plus a few).
+INHERITED_ENV = ("PATH", "HOME", "LANG")
 
 
 @dataclass(slots=True)
@@ -169,21 +172,20 @@ class LocalRuntime:
         with self._lock:
             if key in self._attempts:
                 raise PlinthError(f"job {spec.job_id} attempt {spec.attempt}: already running")
-        for name, d in (("log_path", Path(spec.log_path).parent),
-                        ("checkpoint_dir", spec.checkpoint_dir and Path(spec.checkpoint_dir))):
-            try:
-                if d:
-                    d.mkdir(parents=True, exist_ok=True)
-            except OSError as e:
-                raise PlinthError(f"job {spec.job_id} attempt {spec.attempt}: {name}: "
-                                  f"cannot create {d}: {e.strerror}") from None
+        # The checkpoint directory is the job's to make when it first saves (plinth.job).
+        d = Path(spec.log_path).parent
+        try:
+            d.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise PlinthError(f"job {spec.job_id} attempt {spec.attempt}: log_path: "
+                              f"cannot create {d}: {e.strerror}") from None
         envs = gang_env(spec, master_addr="127.0.0.1", master_port=free_port())
         ordered = sorted(spec.workers, key=lambda w: w.rank)
         started: list[_Worker] = []
         try:
             for w in ordered:
                 started.append(self._start(spec, w, envs[w.rank]))
-        except (OSError, PlinthError, subprocess.SubprocessError) as e:
+        except Exception as e:  # noqa: BLE001 -- whatever stops a worker, none is left running
             for wk in started:  # all or nothing
                 _killpg(wk.pid, signal.SIGKILL)
                 os.waitpid(wk.pid, 0)
@@ -216,8 +218,10 @@ class LocalRuntime:
                        started - ADOPTED_START_SLACK_S)
         att.ended = [w for w in workers if w.done]
         if all(w.done for w in workers):
-            # A checkpoint saved while no runtime watched still comes before the end.
-            self._emit([*self._checkpoints([att], final=True), self._final(att)])
+            # A checkpoint saved while no runtime watched still comes before the end, and the
+            # end is dated by the exit files, not by this adoption.
+            end = dataclasses.replace(self._final(att), at=_exit_time(workers))
+            self._emit([*self._checkpoints([att], final=True), end])
             return False
         for w in workers:
             if not w.done:
@@ -294,9 +298,9 @@ class LocalRuntime:
             if bad:
                 raise PlinthError(f"{at}.gpus: no GPU {bad[0]} on {node.name} "
                                   f"({len(node.gpus)} GPUs)")
-            if not 0 < w.gpu_milli <= MILLI:
+            if w.gpus and not 0 < w.gpu_milli <= MILLI:  # a CPU-only worker has no share
                 raise PlinthError(f"{at}.gpu_milli: must be in 1..1000, got {w.gpu_milli}")
-            if w.gpu_milli < MILLI and len(w.gpus) != 1:
+            if w.gpus and w.gpu_milli < MILLI and len(w.gpus) != 1:
                 raise PlinthError(f"{at}.gpus: a fractional share (gpu_milli={w.gpu_milli}) "
                                   f"needs exactly one GPU, got {list(w.gpus)}")
         exe = spec.command[0]
@@ -310,12 +314,24 @@ class LocalRuntime:
                               + ("" if "/" in exe else " on PATH"))
         if spec.workdir and not Path(spec.workdir).is_dir():
             raise PlinthError(f"{where}: workdir: {spec.workdir!r} is not a directory")
+        if spec.run_as is not None:
+            if os.geteuid() != 0:
+                raise PlinthError(f"{where}: run_as: only a runtime running as root can run a "
+                                  f"job as {spec.run_as!r}")
+            if SETPRIV is None:
+                raise PlinthError(f"{where}: run_as: setpriv (util-linux) is not on PATH")
+            try:
+                pwd.getpwnam(spec.run_as)
+            except KeyError:
+                raise PlinthError(f"{where}: run_as: no Unix user {spec.run_as!r}") from None
 
     def _start(self, spec: LaunchSpec, w: WorkerLaunch, gang: dict[str, str]) -> _Worker:
         name = f"j{spec.job_id}-a{spec.attempt}-r{w.rank}"
         exit_file = self.home / "exit" / f"{name}.exit"
         exit_file.unlink(missing_ok=True)  # a stale file would be read as this attempt's end
-        env = {k: v for k, v in os.environ.items() if not k.startswith(_SCRUBBED_PREFIXES)}
+        # A clean environment: never the server's own (it may hold secrets), only a short
+        # allowlist, then the spec's variables, then the platform's.
+        env = {k: os.environ[k] for k in INHERITED_ENV if k in os.environ}
         env["PYTHONUNBUFFERED"] = "1"  # so that `plinth logs -f` shows lines as they come
         env.update(spec.env)
         env.update(gang)
@@ -332,7 +348,7 @@ class LocalRuntime:
             wk.limits = self._limiter.prepare(name, cpus_milli=w.cpus_milli,
                                               memory_mib=w.memory_mib)
             argv = [sys.executable, "-I", SHIM, *wk.limits.shim_args(), str(exit_file), "--",
-                    *spec.command]
+                    *_as_user(spec, env), *spec.command]
             # The shim starts with SIGTERM and SIGINT blocked (a mask survives fork and exec)
             # and unblocks them once its handler is in place: a stop that comes while Python is
             # still starting up then waits for the handler instead of killing the shim before
@@ -522,6 +538,20 @@ class LocalRuntime:
             self._notify()
 
 
+def _as_user(spec: LaunchSpec, env: dict[str, str]) -> list[str]:
+    """The prefix that runs the command as `spec.run_as` (with its USER, and its HOME unless
+    the launch gives one): the shim stays root, to relay signals and write the exit code; the
+    command does not."""
+    if spec.run_as is None:
+        return []
+    p = pwd.getpwnam(spec.run_as)
+    env.update(USER=p.pw_name, LOGNAME=p.pw_name)
+    if "HOME" not in spec.env:
+        env["HOME"] = p.pw_dir
+    setpriv = SETPRIV or "setpriv"  # `_check` has made sure it is there
+    return [setpriv, f"--reuid={p.pw_uid}", f"--regid={p.pw_gid}", "--init-groups", "--"]
+
+
 def _ended(wk: _Worker) -> bool:
     """True (and `wk.code` set) once the worker's shim has ended."""
     if wk.own:
@@ -623,6 +653,17 @@ def _read_exit(path: str, default: int | None = None) -> int | None:
         return int(Path(path).read_text().strip())
     except (OSError, ValueError):
         return default
+
+
+def _exit_time(workers: list[_Worker]) -> float | None:
+    """When the last of `workers` ended, from its exit file's mtime; None if none left one."""
+    times = []
+    for w in workers:
+        try:
+            times.append(os.stat(w.exit_file).st_mtime)
+        except OSError:
+            pass
+    return max(times) if times else None
 
 
 def _cgroup_memory_limit_mib() -> int:

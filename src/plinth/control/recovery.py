@@ -1,0 +1,123 @@
+"""After a (re)start: the owner rebuilt from the store, and one line saying what was found.
+
+Pending jobs queue again (or are held again, if they wait on dependencies or an array's turn);
+running ones are re-adopted if their processes are still the same, else requeued as lost; a job
+that ended while no control plane watched it gets its exit code and end time from its exit
+file; a job whose stored spec no longer passes the checks fails alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from pydantic import ValidationError
+
+from plinth.control.spec import JobSpec
+from plinth.control.store import Event
+from plinth.core.spec import validation_message
+from plinth.runtime.base import Handle
+from plinth.sched.lifecycle import State, StopReason
+from plinth.sched.types import JobState
+
+if TYPE_CHECKING:
+    from plinth.control.service import ControlPlane
+
+
+@dataclass(slots=True)
+class Recovery:
+    """What `recover` found in the store after a (re)start, for the one line `plinth up` prints."""
+
+    pending: int = 0  # queued again
+    readopted: int = 0  # still running: watched again
+    ended: int = 0  # ended while the control plane was down: their exit is read back
+    lost: int = 0  # gone without a trace, or never launched: requeued
+    cancelled: int = 0  # cancelled before anything ran: finished
+
+    def summary(self) -> str:
+        parts = [f"{n} {what}" for n, what in (
+            (self.pending, "pending"), (self.readopted, "running re-adopted"),
+            (self.ended, "ended while down"), (self.lost, "lost and requeued"),
+            (self.cancelled, "cancelled")) if n]
+        return ("recovered " + ", ".join(parts)) if parts else "recovered: no unfinished jobs"
+
+
+
+def recover(cp: ControlPlane) -> None:
+    """Rebuild the owner from the store after a (re)start: pending jobs queue again; running
+    ones are re-adopted if their processes are still the same, else requeued as lost."""
+    from plinth.control.service import allocation_from_json, job_from_spec  # service imports us
+
+    now = cp.clock()
+    owner, found = cp.owner, cp.recovery
+    for row in cp.store.active_jobs():
+        try:
+            spec = JobSpec.model_validate(row["spec"])
+        except ValidationError as e:  # stored by an older version that checked less
+            _fail_unreadable(cp, row, validation_message("spec", e, JobSpec), now)
+            found.lost += 1
+            continue
+        if row["array_id"] is not None:
+            spec = spec.model_copy(update={"array_id": row["array_id"]})
+        job = job_from_spec(row["id"], spec, row["tenant"], row["submit_time"])
+        cp.specs[job.id] = spec
+        pending = row["state"] == State.PENDING.value
+        found.pending += pending
+        if pending and row["attempt"] == 0 and cp.holds.needs_hold(spec):
+            cp.holds.hold(job, spec)  # it has never run: its dependencies decide again
+            continue
+        cp.holds.let_go(job.id, spec)
+        js = JobState(job, pending_since=row["submit_time"], attempt=row["attempt"],
+                      preemptions=row["preemptions"],
+                      checkpoint_step=row.get("checkpoint_step"),
+                      checkpoint_time=row.get("checkpoint_time"))
+        state = State(row["state"])
+        if state is State.PENDING:
+            owner.restore(js, now)
+            continue
+        alloc = allocation_from_json(row["allocation"]) if row["allocation"] else None
+        if row["handle"] is None or alloc is None or not owner.held.fits(alloc, job.request):
+            # Killed between recording the start and launching, or the nodes changed.
+            why = ("control plane restarted before the launch was recorded"
+                   if row["handle"] is None else "allocation no longer fits")
+            if row["stop_reason"] == StopReason.CANCEL.value:  # it was cancelled: it ends
+                cp.store.transition(job.id, state, State.CANCELLED, now, "cancelled",
+                                    f"cancelled; nothing was running ({why})",
+                                    handle=None, end_time=now, reason="cancelled by the user")
+                cp.specs.pop(job.id, None)
+                found.cancelled += 1
+                continue
+            found.lost += 1
+            cp.store.transition(job.id, state, State.PENDING, now, "lost", why,
+                                handle=None, allocation=None, stop_reason=None,
+                                reason=f"requeued after lost: {why}")
+            owner.restore(js, now)
+            continue
+        js.status, js.allocation = state, alloc
+        js.start_time = js.first_start = row["start_time"]
+        stop = StopReason(row["stop_reason"]) if row["stop_reason"] else None
+        owner.restore(js, now, stop=stop)
+        handle = cp.handles[job.id] = Handle.from_dict(row["handle"])
+        if cp.runtime.adopt(handle):
+            found.readopted += 1
+            cp.store.add_events([Event(job.id, "re-adopted", "after a control plane restart: "
+                                       "processes still running (pid and start time match)")],
+                                now)
+            if state is State.STOPPING:
+                cp.runtime.stop(job.id, js.attempt, cp.grace_s)
+        else:  # the runtime queued an EXITED or LOST event; the loop handles it
+            found.ended += 1
+    if cp.holds.dirty:  # held jobs get their reasons (or go) before the API answers
+        owner.handle(cp.release_held(), now, schedule=False)
+
+
+def _fail_unreadable(cp: ControlPlane, row: dict, why: str, now: float) -> None:
+    """A job whose stored spec no longer passes the checks: it fails (its processes, if
+    any, are stopped), and the others are recovered as usual."""
+    state = State(row["state"])
+    if row["handle"] is not None and state.active:
+        handle = Handle.from_dict(row["handle"])
+        if cp.runtime.adopt(handle):
+            cp.runtime.stop(handle.job_id, handle.attempt, cp.grace_s)
+    cp.store.transition(row["id"], state, State.FAILED, now, "failed", f"cannot recover: {why}",
+                        handle=None, end_time=now, reason=f"cannot recover: {why}")

@@ -1,0 +1,174 @@
+"""Dependencies (after, afterany, afterok, afternotok) and job arrays (`array: 0-99%10`), held in
+the control plane until they may run, as Slurm holds them."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+from plinth_platform import run_cli
+
+from plinth.client import ApiError
+from plinth.control.holds import Holds, verdict
+from plinth.control.spec import JobSpec, parse_array
+from plinth.core.errors import SpecError
+from plinth.core.spec import spec_from_dict
+from plinth.core.workload import Job
+from plinth.sched.lifecycle import State
+
+
+@pytest.mark.parametrize(("kind", "state", "started", "met"), [
+    ("after", State.PENDING, False, None), ("after", State.PENDING, True, True),
+    ("after", State.RUNNING, True, True), ("after", State.CANCELLED, False, True),
+    ("afterany", State.RUNNING, True, None), ("afterany", State.FAILED, True, True),
+    ("afterok", State.SUCCEEDED, True, True), ("afterok", State.FAILED, True, False),
+    ("afterok", State.CANCELLED, False, False), ("afterok", State.STOPPING, True, None),
+    ("afternotok", State.FAILED, True, True), ("afternotok", State.SUCCEEDED, True, False),
+])
+def test_verdicts(kind, state, started, met) -> None:
+    assert verdict(kind, state, started) is met
+
+
+def test_an_array_throttle_lets_tasks_go_as_others_end() -> None:
+    holds = Holds()
+    spec = JobSpec(command=["true"], array="0-4%2", array_id=10)
+    for i in range(5):
+        holds.hold(Job(10 + i, 0.0, 1.0, spec.request()), spec)
+    go, never = holds.release(lambda j: None)
+    assert [j.id for j, _ in go] == [10, 11] and never == []
+    assert holds.reasons[12] == "held: array 10 runs at most 2 tasks at a time"
+    assert holds.release(lambda j: None) == ([], [])
+    holds.ended(10, spec)
+    assert [j.id for j, _ in holds.release(lambda j: None)[0]] == [12]
+
+
+def test_array_specs_are_checked() -> None:
+    assert parse_array("0-99%10") == (list(range(100)), 10)
+    with pytest.raises(SpecError, match=r"^j.yaml: array: an index appears twice"):
+        spec_from_dict({"command": ["true"], "array": "1,1"}, source="j.yaml")
+    with pytest.raises(SpecError, match=r"^j.yaml: afterok\[0\]: must be >= 1 \(got 0\)"):
+        spec_from_dict({"command": ["true"], "afterok": [0]}, source="j.yaml")
+
+
+def test_sbatch_style_dependency_option() -> None:
+    from plinth.cli.platform import parse_dependency
+    from plinth.core.errors import PlinthError
+
+    assert parse_dependency("afterok:12:13,after:9") == {"afterok": [12, 13], "after": [9]}
+    with pytest.raises(PlinthError, match="--dependency: .* got 'singleton'"):
+        parse_dependency("singleton")
+
+
+def job(command, **extra) -> dict:
+    return {"name": extra.pop("name", "dep"), "command": command, **extra}
+
+
+def test_dependencies_hold_and_release(shared_platform, wait_for) -> None:
+    with shared_platform.client() as c:
+        first = c.submit(job("sleep 2"))
+        bad = c.submit(job("exit 3"))
+        ok = c.submit(job(["true"], afterok=[first]))
+        after = c.submit(job(["true"], after=[first]))
+        never = c.submit(job(["true"], afterok=[bad]))
+        anyway = c.submit(job(["true"], afterany=[bad]))
+        notok = c.submit(job(["true"], afternotok=[bad]))
+        wait_for(lambda: c.job(first)["state"] == "running", what="first running")
+        assert c.job(ok)["state"] == "pending"
+        assert c.job(ok)["reason"] == f"held: dependency afterok:{first} (running)"
+        assert c.wait(after, timeout=60) == "succeeded"  # it may start once `first` has
+        assert c.job(ok)["start_time"] is None or c.job(first)["end_time"] is not None
+        assert c.wait(ok, timeout=60) == "succeeded"
+        assert c.job(ok)["start_time"] >= c.job(first)["end_time"]
+        assert c.wait(never, timeout=60) == "cancelled"
+        assert c.job(never)["reason"] == (f"dependency never satisfied: afterok:{bad} "
+                                         f"(job {bad} ended failed)")
+        assert c.wait(anyway, timeout=60) == "succeeded"
+        assert c.wait(notok, timeout=60) == "succeeded"
+
+
+def test_bad_dependencies_are_refused_at_submit(shared_platform) -> None:
+    with shared_platform.client() as c:
+        with pytest.raises(ApiError, match=r"afterok: job 999999 not found") as e:
+            c.submit(job(["true"], afterok=[999999]))
+        assert e.value.status == 422
+        mine = c.submit(job(["true"]))
+        c.set_tenant("stranger")
+        with (shared_platform.client(c.add_token("stranger")) as s,
+              pytest.raises(ApiError, match=f"after: job {mine} not found")):
+            s.submit(job(["true"], after=[mine]))  # another tenant's: as if not there
+        with pytest.raises(ApiError, match="array_index: set by the platform"):
+            c.submit(job(["true"], array_index=3))
+
+
+def test_a_held_job_can_be_cancelled(shared_platform, wait_for) -> None:
+    with shared_platform.client() as c:
+        blocker = c.submit(job("sleep 30"))
+        held = c.submit(job(["true"], afterok=[blocker]))
+        assert c.cancel(held) == "cancelled" and c.job(held)["state"] == "cancelled"
+        c.cancel(blocker)
+
+
+def test_an_array_runs_each_index_with_a_throttle(shared_platform, tmp_path) -> None:
+    spec = tmp_path / "array.yaml"
+    spec.write_text('name: arr\narray: "0-5%2"\n'
+                    'command: "echo index=$PLINTH_ARRAY_INDEX of $PLINTH_ARRAY_JOB_ID; sleep 0.3"\n')
+    r = run_cli(shared_platform, "submit", "--wait", str(spec))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "Submitted array job" in r.stdout and "(6 tasks)" in r.stdout
+    head = int(r.stdout.split()[3])
+    with shared_platform.client() as c:
+        tasks = c.jobs(array=head, all=True)
+    assert sorted(t["array_index"] for t in tasks) == list(range(6))
+    assert all(t["state"] == "succeeded" for t in tasks)
+    for t in tasks:
+        with shared_platform.client() as c:
+            assert f"index={t['array_index']} of {head}" in c.logs(t["id"])
+    # never more than 2 at a time
+    spans = [(t["start_time"], t["end_time"]) for t in tasks]
+    most = max(sum(s <= at < e for s, e in spans) for at, _ in spans)
+    assert most <= 2
+    r = run_cli(shared_platform, "ls", "-a", "--name", "arr")
+    rows = [x for x in r.stdout.splitlines()[1:] if x.strip()]
+    assert len(rows) == 1 and f"{head}_[0-5]" in rows[0] and "6 succeeded" in rows[0]
+    r = run_cli(shared_platform, "ls", "-a", "--name", "arr", "--expand")
+    assert [x.split()[0] for x in r.stdout.splitlines()[1:] if x.strip()] == \
+        [f"{head}_{i}" for i in range(6)]
+    r = run_cli(shared_platform, "show", f"{head}_4")
+    assert r.returncode == 0 and "array_index: 4" in r.stdout
+
+
+def test_a_dependency_on_an_array_waits_for_all_its_tasks(shared_platform) -> None:
+    with shared_platform.client() as c:
+        head = c.submit(job("sleep 0.$PLINTH_ARRAY_INDEX", name="arr-dep", array="1-4"))
+        after = c.submit(job(["true"], name="after-arr", afterok=[head]))
+        assert c.wait(after, timeout=60) == "succeeded"
+        ends = [t["end_time"] for t in c.jobs(array=head, all=True)]
+        assert len(ends) == 4 and c.job(after)["start_time"] >= max(ends)
+
+
+def test_cancelling_an_array_cancels_its_tasks(shared_platform, wait_for) -> None:
+    with shared_platform.client() as c:
+        head = c.submit(job("sleep 30", name="arr-cancel", array="0-3%1"))
+        wait_for(lambda: c.job(head)["state"] == "running", what="the first task")
+    r = run_cli(shared_platform, "cancel", str(head))
+    assert r.returncode == 0, r.stderr
+    with shared_platform.client() as c:
+        states = {t["state"] for t in c.jobs(array=head, all=True)}
+        wait_for(lambda: {t["state"] for t in c.jobs(array=head, all=True)} == {"cancelled"},
+                 what="every task cancelled")
+    assert states <= {"cancelled", "stopping"}
+
+
+def test_holds_survive_a_restart(platform, wait_for) -> None:
+    with platform.client() as c:
+        blocker = c.submit(job("sleep 60"))
+        held = c.submit(job(["true"], afterok=[blocker]))
+        wait_for(lambda: c.job(blocker)["state"] == "running", what="blocker running")
+    platform.stop(signal.SIGKILL)
+    platform.start()
+    with platform.client() as c:
+        assert c.job(held)["state"] == "pending"
+        assert c.job(held)["reason"].startswith("held: dependency afterok:")
+        c.cancel(blocker)
+        assert c.wait(held, timeout=30) == "cancelled"
+        assert "never satisfied" in c.job(held)["reason"]
