@@ -56,6 +56,15 @@ def test_place_writes_plan_and_figures(app, tmp_path, algo):
         torch.testing.assert_close(placed(*inputs), model(*inputs))
 
 
+def test_place_writes_its_plan_under_results_by_default(app, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the repository root, for a user following the README
+    r = run(app, TARGET, "--devices", "2", "--memory", "1MiB", "--batch", "4",
+            "--profile-batch", "2")
+    assert r.exit_code == 0, r.output + repr(r.exception)
+    assert not (tmp_path / "plan.json").exists()
+    assert Plan.load(tmp_path / "results" / "plan.json").devices
+
+
 @pytest.mark.parametrize("args, needle", [
     (["nomodulefactory"], "MODULE:FACTORY"),
     (["no.such.module:f"], "cannot import module 'no.such.module'"),

@@ -49,7 +49,8 @@ def place(
                                            "nvlink")] = "measure",
     json_path: Annotated[str | None, typer.Option("--json", help="Write the figures as JSON.")]
     = None,
-    out: Annotated[str, typer.Option(help="Where to write the plan.")] = "plan.json",
+    out: Annotated[str, typer.Option(help="Where to write the plan (its folder is made).")
+                   ] = "results/plan.json",
 ) -> None:
     """Profile a model, place its operator graph on memory-limited devices, and save the plan."""
     from plinth.place import parse_size
@@ -63,6 +64,7 @@ def place(
     console.print(report(plan))
     console.print(f"graph: {plan.nodes_before:,} operators, {plan.nodes_after:,} after coarsening"
                   f" · placement took {plan.placement_time_s:.3f} s · comm {plan.comm}")
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
     plan.save(out)
     console.print(f"plan: {out}")
     if json_path:

@@ -160,7 +160,7 @@ class _Simulation:
     def _on_pass(self, d: Decisions, now: float) -> None:
         if self.first_failure is None and d.waiting:
             jobs = self.owner.jobs
-            if any(jobs[j].job.request.gpu_milli_total and why.startswith("Resources")
+            if any(why.startswith("Resources") and jobs[j].job.request.gpu_milli_total
                    for j, why in d.waiting.items()):
                 self.first_failure = self.owner.state.used_milli / (self.cluster.total_gpus
                                                                     * MILLI)
