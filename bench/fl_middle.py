@@ -50,7 +50,7 @@ def run(app: Path, clients: int, machines: int, out: Path) -> dict:
     """One federation; machines == 0 means flat."""
     top = _port()
     server = subprocess.Popen([*FL, "server", str(app), "--address", f"127.0.0.1:{top}",
-                               "--json", str(out)], stdout=subprocess.DEVNULL,
+                               "--json", str(out), "--no-tokens"], stdout=subprocess.DEVNULL,
                               stderr=subprocess.PIPE, text=True)
     procs = [server]
     per = clients // max(1, machines)
@@ -62,7 +62,8 @@ def run(app: Path, clients: int, machines: int, out: Path) -> dict:
             port = _port()
             procs.append(subprocess.Popen(
                 [*FL, "aggregator", str(app), "--server", f"127.0.0.1:{top}", "--clients",
-                 str(per), "--address", f"127.0.0.1:{port}", "--name", f"machine{m}"],
+                 str(per), "--address", f"127.0.0.1:{port}", "--name", f"machine{m}",
+                 "--no-tokens"],
                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
             targets += [f"127.0.0.1:{port}"] * per
     procs += [subprocess.Popen([*FL, "client", str(app), "--server", t, "--cid", str(i),

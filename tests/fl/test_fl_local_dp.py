@@ -56,18 +56,22 @@ def test_local_dp_upload_is_the_clean_update_plus_noise_of_the_configured_std():
              np.array([3], np.int64)]  # an integer buffer goes as is
     assert np.linalg.norm(np.concatenate([c.reshape(-1) for c in clean[:2]])) < ldp.clip
     params = [np.zeros_like(c) for c in clean]
-    runner = ClientRunner(_FixedDelta(clean), privatize=local_dp_privatizer(ldp, spec.seed, 4))
+    runner = ClientRunner(_FixedDelta(clean), privatize=local_dp_privatizer(
+        ldp, spec.seed, 4, simulated=True))
     up = _upload(runner, params, 1)
     noise = np.concatenate([(u.astype(np.float64) - c).reshape(-1)
                             for u, c in zip(up[:2], clean[:2])])
     want = ldp.noise_multiplier * ldp.clip
     assert abs(noise.std() / want - 1) < 0.03 and abs(noise.mean()) < 4 * want / 100
     assert up[2].tolist() == [3]
-    # seeded per client and round: the same again, another round or client differs
-    again = ClientRunner(_FixedDelta(clean), privatize=local_dp_privatizer(ldp, spec.seed, 4))
+    # in simulation, seeded per client and round: the same again, another round or client
+    # differs
+    again = ClientRunner(_FixedDelta(clean), privatize=local_dp_privatizer(
+        ldp, spec.seed, 4, simulated=True))
     np.testing.assert_array_equal(_upload(again, params, 1)[0], up[0])
     assert not np.array_equal(_upload(again, params, 2)[0], up[0])
-    other = ClientRunner(_FixedDelta(clean), privatize=local_dp_privatizer(ldp, spec.seed, 5))
+    other = ClientRunner(_FixedDelta(clean), privatize=local_dp_privatizer(
+        ldp, spec.seed, 5, simulated=True))
     assert not np.array_equal(_upload(other, params, 1)[0], up[0])
 
 
@@ -222,8 +226,9 @@ def test_chacha_local_dp_noise_has_the_std_and_is_not_reproducible():
 
 
 @pytest.mark.parametrize(("privacy", "field"), [
-    ({"local_dp": {"noise_multiplier": 1.0}}, "privacy.local_dp.noise"),
-    ({"secagg": {}, "dp": {"mode": "distributed", "noise_multiplier": 1.0}}, "privacy.dp.noise"),
+    ({"local_dp": {"noise_multiplier": 1.0, "noise": "numpy"}}, "privacy.local_dp.noise"),
+    ({"secagg": {}, "dp": {"mode": "distributed", "noise_multiplier": 1.0, "noise": "numpy"}},
+     "privacy.dp.noise"),
 ])
 def test_a_real_client_refuses_noise_seeded_from_the_app(tmp_path, privacy, field):
     """`plinth fl client` adds its own noise: seeded from the app's seed, the server (which has

@@ -84,9 +84,14 @@ def test_a_revoked_client_is_never_selected(tmp_path):
     assert not [e for e in log if e.client_id in "24" and e.event != "excluded"]
 
 
-def test_consent_registry_must_exist(tmp_path):
-    spec = parse_app({"consent": {"purpose": "p", "registry": str(tmp_path / "none.sqlite")}})
-    with pytest.raises(SpecError, match="consent.registry"):
+def test_a_new_consent_registry_starts_empty_and_a_missing_folder_is_one_line(tmp_path):
+    # grants arrive through the server's consent API, so the server creates its registry
+    db = tmp_path / "new.sqlite"
+    guard = Safeguards(parse_app({"consent": {"purpose": "p", "registry": str(db)}}))
+    assert db.is_file() and guard.registry.audit_log() == []
+    guard.close()
+    spec = parse_app({"consent": {"purpose": "p", "registry": str(tmp_path / "no" / "x.db")}})
+    with pytest.raises(SpecError, match="consent.registry: folder .* does not exist"):
         Safeguards(spec)
 
 

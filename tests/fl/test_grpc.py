@@ -147,7 +147,7 @@ def test_killed_grpc_server_resumes_and_clients_rejoin(tmp_path, free_port):
             return 0
 
     server = subprocess.Popen([*fl, "server", str(app), "--address", addr, "--rounds", "500",
-                               "--checkpoint", str(ck)], stdout=subprocess.DEVNULL,
+                               "--checkpoint", str(ck), "--no-tokens"], stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL, start_new_session=True)
     clients = [subprocess.Popen([*fl, "client", str(app), "--server", addr, "--cid", str(i),
                                  "--clients", "2"], stdout=subprocess.PIPE,
@@ -163,7 +163,7 @@ def test_killed_grpc_server_resumes_and_clients_rejoin(tmp_path, free_port):
         out = tmp_path / "r.json"
         again = subprocess.run([*fl, "server", str(app), "--address", addr, "--rounds",
                                 str(k + 2), "--checkpoint", str(ck), "--resume", "--json",
-                                str(out)], capture_output=True, text=True, timeout=120,
+                                str(out), "--no-tokens"], capture_output=True, text=True, timeout=120,
                                check=False)
         c_out = [c.communicate(timeout=60) for c in clients]
     finally:

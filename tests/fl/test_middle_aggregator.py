@@ -113,13 +113,13 @@ def test_server_two_aggregators_and_four_client_processes_over_grpc(tmp_path):
     fl = [sys.executable, "-m", "plinth.cli.main", "fl"]
     top, out = free_port(), tmp_path / "r.json"
     procs = [subprocess.Popen([*fl, "server", str(app), "--address", f"127.0.0.1:{top}",
-                               "--json", str(out)], stdout=subprocess.PIPE,
+                               "--json", str(out), "--no-tokens"], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True)]
     for m in range(2):
         port = free_port()
         procs.append(subprocess.Popen(
             [*fl, "aggregator", str(app), "--server", f"127.0.0.1:{top}", "--clients", "2",
-             "--address", f"127.0.0.1:{port}", "--name", f"rack{m}"],
+             "--address", f"127.0.0.1:{port}", "--name", f"rack{m}", "--no-tokens"],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
         procs += [subprocess.Popen([*fl, "client", str(app), "--server", f"127.0.0.1:{port}",
                                     "--cid", str(2 * m + i), "--clients", "4"],

@@ -2,6 +2,7 @@ import numpy as np
 import pytest
 
 from plinth.fl.admm.consensus import ADMMConfig, Site, decode, encode, iteration_cap, run_admm
+from plinth.fl.privacy.dp import NumpyNoise
 
 
 @pytest.mark.parametrize("v", [9, 15])
@@ -24,7 +25,7 @@ def test_iteration_cap_enforced():
 def test_no_site_sees_a_partner_value():
     # What a partner receives (a share, then a partial sum) is uniform and independent of y_i.
     rng = np.random.default_rng(0)
-    site = Site(0, np.full(5000, 3.0), 0.5, rng, ADMMConfig())
+    site = Site(0, np.full(5000, 3.0), 0.5, ADMMConfig(), NumpyNoise(rng))
     shares = site.shares(0, (0, 1, 2))
     for r in shares.values():
         top = (r >> np.uint64(60)).astype(int)  # top 4 bits of a uniform word are uniform

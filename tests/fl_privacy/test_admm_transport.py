@@ -44,10 +44,12 @@ def test_nine_site_processes_over_grpc_average_without_seeing_partner_values():
     rng = np.random.default_rng(9)
     w = rng.normal(size=(v, d))
     n = rng.integers(10, 100, v).tolist()
-    rep, sites = run_admm_processes(w, n, seed=3, timeout=60, audit=True)
+    rep, sites = run_admm_processes(w, n, timeout=60, audit=True)
     pids = {s.pid for s in sites}
     assert len(pids) == v and os.getpid() not in pids
-    np.testing.assert_array_equal(rep.z, run_admm(w, n, seed=3).z)  # same bits as in-process
+    # each site's randomness is its own CSPRNG, so z matches the in-process run to the
+    # fixed-point resolution, not bit for bit
+    np.testing.assert_allclose(rep.z, run_admm(w, n, seed=3).z, atol=1e-8)
     assert rep.errors[-1] < 1e-6
     np.testing.assert_allclose(rep.z, (np.asarray(n) / sum(n)) @ w, atol=1e-6)
 

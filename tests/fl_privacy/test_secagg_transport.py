@@ -346,7 +346,7 @@ def test_secagg_over_grpc_with_separate_processes(tmp_path, port):
     fl = [sys.executable, "-m", "plinth.cli.main", "fl"]
     out = tmp_path / "r.json"
     server = subprocess.Popen([*fl, "server", str(app), "--address", f"127.0.0.1:{port}",
-                               "--rounds", "3", "--json", str(out)], stdout=subprocess.PIPE,
+                               "--rounds", "3", "--json", str(out), "--no-tokens"], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True)
     clients = [subprocess.Popen([*fl, "client", str(app), "--server", f"127.0.0.1:{port}",
                                  "--cid", str(i), "--clients", "3"],

@@ -1,4 +1,4 @@
-"""`plinth fl server|client|sim`: federated learning from one app YAML."""
+"""`plinth fl server|client|sim|certs|tokens|consent`: federated learning from one app YAML."""
 
 from __future__ import annotations
 
@@ -104,20 +104,46 @@ def _print_round(rec) -> None:
         console.print(f"  {rec.reason}", highlight=False)
 
 
+TokensOpt = Annotated[str | None, typer.Option(
+    "--tokens", help="File of 'client_id token' lines (plinth fl tokens); overrides "
+                     "transport.tokens.")]
+NoTokensOpt = Annotated[bool, typer.Option(
+    "--no-tokens", help="Accept clients without tokens (trusted networks and tests only).")]
+TlsOpt = Annotated[str | None, typer.Option(
+    "--tls", metavar="DIR", help="TLS with the pair in DIR (plinth fl certs DIR); overrides "
+                                 "transport.tls.")]
+
+
+def _transport_overrides(tokens: str | None, tls: str | None) -> dict:
+    from plinth.fl.transport.certs import tls_files
+
+    out: dict = {}
+    if tokens is not None:
+        out["transport.tokens"] = str(Path(tokens).resolve())
+    if tls is not None:
+        out["transport.tls"] = tls_files(str(Path(tls).resolve()))
+    return out
+
+
 @app.command()
 def server(
     app_yaml: Annotated[str, typer.Argument(metavar="APP.yaml", help="FL app spec.")],
-    address: Annotated[str, typer.Option(help="Listen on HOST:PORT.")] = "0.0.0.0:8080",
+    address: Annotated[str, typer.Option(help="Listen on HOST:PORT (0.0.0.0:PORT for every "
+                                              "interface).")] = "127.0.0.1:8080",
     rounds: Annotated[int | None, typer.Option(min=1, help="Rounds (default: the app's).")] = None,
     checkpoint: Annotated[str | None, typer.Option(help="Checkpoint folder.")] = None,
     resume: Annotated[bool, typer.Option(help="Resume from the checkpoint folder.")] = False,
     json_path: Annotated[str | None, typer.Option("--json", help="Write results JSON.")] = None,
     out: Annotated[str | None, typer.Option(help="Folder for PNG plots.")] = None,
+    tokens: TokensOpt = None,
+    no_tokens: NoTokensOpt = False,
+    tls: TlsOpt = None,
 ) -> None:
     """Serve a federation over gRPC; clients join with `plinth fl client`."""
     from plinth.fl.deploy import run_server
 
-    overrides = {"checkpoint_dir": str(Path(checkpoint).resolve()) if checkpoint else None}
+    overrides = {"checkpoint_dir": str(Path(checkpoint).resolve()) if checkpoint else None,
+                 **_transport_overrides(tokens, tls)}
 
     def listening(spec, port: int) -> None:
         tls = "TLS" if spec.transport.tls else "plaintext"
@@ -126,7 +152,8 @@ def server(
                       highlight=False)
 
     result = run_server(app_yaml, address=address, rounds=rounds, resume=resume,
-                        overrides=overrides, on_round=_print_round, on_listen=listening)
+                        overrides=overrides, on_round=_print_round, on_listen=listening,
+                        require_tokens=not no_tokens)
     _report(result, json_path, out)
 
 
@@ -137,11 +164,14 @@ def client(
     cid: Annotated[int, typer.Option(min=0, help="This client's data partition.")] = 0,
     clients: Annotated[int | None, typer.Option(min=1, help="Partitions (data.clients).")] = None,
     token: Annotated[str | None, typer.Option(help="Token (or $PLINTH_FL_TOKEN).")] = None,
+    tls: Annotated[str | None, typer.Option("--tls", metavar="DIR", help="Pin the CA "
+                                            "DIR/server.pem (plinth fl certs DIR).")] = None,
 ) -> None:
     """Join a federation and train on local data until the server finishes."""
     from plinth.fl.deploy import run_client
 
-    ran = run_client(app_yaml, server=server, cid=cid, clients=clients, token=token)
+    ran = run_client(app_yaml, server=server, cid=cid, clients=clients, token=token,
+                     overrides=_transport_overrides(None, tls))
     console.print(f"client {cid}: {ran} tasks done; the server has finished")
 
 
@@ -151,11 +181,14 @@ def aggregator(
     server: Annotated[str, typer.Option("--server", help="The upstream server's HOST:PORT.")],
     clients: Annotated[int, typer.Option(min=1, help="Clients to wait for before joining.")],
     address: Annotated[str, typer.Option(help="Listen for this machine's clients on "
-                                                "HOST:PORT.")] = "0.0.0.0:8081",
+                                                "HOST:PORT.")] = "127.0.0.1:8081",
     name: Annotated[str, typer.Option(help="This aggregator's client id upstream.")] =
         "aggregator",
     token: Annotated[str | None, typer.Option(help="Upstream token (or $PLINTH_FL_TOKEN).")]
         = None,
+    tokens: TokensOpt = None,
+    no_tokens: NoTokensOpt = False,
+    tls: TlsOpt = None,
 ) -> None:
     """A machine's middle aggregator: this machine's clients join it (`plinth fl client
     --server` its address); it joins the server as one client and sends one update per round."""
@@ -166,7 +199,9 @@ def aggregator(
                       f"clients", highlight=False)
 
     ran = run_aggregator(app_yaml, server=server, address=address, clients=clients, name=name,
-                         token=token, on_listen=listening)
+                         token=token, on_listen=listening,
+                         overrides=_transport_overrides(tokens, tls),
+                         require_tokens=not no_tokens)
     console.print(f"aggregator {name}: {ran} tasks done; the server has finished")
 
 
@@ -223,3 +258,123 @@ def admm_site(
     if json_path:
         write_json(result, json_path)
         console.print(f"results: {json_path}")
+
+
+@app.command()
+def certs(
+    folder: Annotated[str, typer.Argument(metavar="DIR", help="Folder for server.pem and "
+                                                              "server.key.")],
+    host: Annotated[list[str] | None, typer.Option(
+        "--host", help="A name or IP the server is reached at (repeat; default localhost "
+                       "and 127.0.0.1).")] = None,
+    days: Annotated[int, typer.Option(min=1, help="Days the certificate is valid.")] = 365,
+) -> None:
+    """Write a self-signed TLS pair: `plinth fl server --tls DIR`, clients `--tls DIR`."""
+    from plinth.fl.transport.certs import write_pair
+
+    cert, key = write_pair(folder, host or ["localhost", "127.0.0.1"], days=days)
+    console.print(f"certificate {cert} (clients pin it as their CA), key {key}", highlight=False)
+
+
+@app.command()
+def tokens(
+    path: Annotated[str, typer.Argument(metavar="FILE", help="Tokens file to write.")],
+    clients: Annotated[int, typer.Option(min=1, help="Client ids 0..N-1.")],
+) -> None:
+    """Write one fresh secret token per client id (`plinth fl server --tokens FILE`)."""
+    from plinth.fl.transport.certs import write_tokens
+
+    p = write_tokens(path, [str(i) for i in range(clients)])
+    console.print(f"{clients} tokens in {p}; give client i the token on line i+1", highlight=False)
+
+
+consent_app = typer.Typer(help="A client's consent, granted and revoked through the server as "
+                               "its token's identity; the operator's audit log.",
+                          no_args_is_help=True)
+app.add_typer(consent_app, name="consent")
+
+AppArg = Annotated[str, typer.Argument(metavar="APP.yaml", help="FL app spec (its consent.purpose).")]
+ServerOpt = Annotated[str, typer.Option("--server", help="The server's HOST:PORT.")]
+TokenOpt = Annotated[str | None, typer.Option(help="This client's token (or $PLINTH_FL_TOKEN).")]
+
+
+def _consent_call(app_yaml: str, server: str, token: str | None, tls: str | None,
+                  request: dict) -> dict:
+    from plinth.fl.deploy import consent_request
+
+    return consent_request(app_yaml, server=server, token=token, request=request,
+                           overrides=_transport_overrides(None, tls))
+
+
+@consent_app.command("grant")
+def consent_grant(app_yaml: AppArg, server: ServerOpt, token: TokenOpt = None,
+                  version: Annotated[int, typer.Option(min=1, help="Consent text version.")] = 1,
+                  tls: TlsOpt = None) -> None:
+    """Grant consent for the app's purpose, as the client the token names."""
+    r = _consent_call(app_yaml, server, token, tls, {"action": "grant", "version": version})
+    console.print(f"client {r['client_id']}: consent granted for {r['granted']!r} "
+                  f"(version {r['version']})", highlight=False)
+
+
+@consent_app.command("revoke")
+def consent_revoke(app_yaml: AppArg, server: ServerOpt, token: TokenOpt = None,
+                   tls: TlsOpt = None) -> None:
+    """Revoke it: from the next round the client is not selected and its updates are refused."""
+    r = _consent_call(app_yaml, server, token, tls, {"action": "revoke"})
+    what = "revoked" if r["had_consent"] else "had no live consent to revoke"
+    console.print(f"client {r['client_id']}: {what} for {r['revoked']!r}", highlight=False)
+
+
+@consent_app.command("list")
+def consent_list(app_yaml: AppArg, server: ServerOpt, token: TokenOpt = None,
+                 tls: TlsOpt = None) -> None:
+    """This client's consent records and its audit log on the server."""
+    r = _consent_call(app_yaml, server, token, tls, {"action": "list"})
+    _audit_table(r["audit"], f"client {r['client_id']}")
+    for c in r["consents"]:
+        state = "live" if c["revoked_at"] is None else f"revoked at {c['revoked_at']:.0f}"
+        console.print(f"{c['purpose']} version {c['version']}: {state}", highlight=False)
+
+
+@consent_app.command("audit")
+def consent_audit(
+    app_yaml: AppArg,
+    client: Annotated[str | None, typer.Option(help="Only this client id.")] = None,
+    event: Annotated[str | None, typer.Option(help="granted | revoked | selected | excluded | "
+                                                    "participated")] = None,
+    export: Annotated[str | None, typer.Option(help="Write the entries to FILE (.csv, else "
+                                                     "JSON lines).")] = None,
+) -> None:
+    """The operator's view: the audit log of the app's consent.registry."""
+    from dataclasses import asdict
+
+    from plinth.fl.app import load_app
+    from plinth.fl.privacy.consent import ConsentRegistry, export_audit
+
+    spec = load_app(app_yaml)
+    if spec.consent is None:
+        raise PlinthError(f"{app_yaml}: consent: the app asks no consent")
+    path = spec.resolve(spec.consent.registry) or ""
+    if not Path(path).is_file():
+        raise PlinthError(f"consent.registry: {path} does not exist")
+    reg = ConsentRegistry(path)
+    try:
+        entries = reg.audit_log(client_id=client, event=event)
+    finally:
+        reg.close()
+    if export:
+        n = export_audit(entries, export)
+        console.print(f"{n} audit entries written to {export}", highlight=False)
+        return
+    _audit_table([asdict(e) for e in entries], path)
+
+
+def _audit_table(entries: list[dict], title: str) -> None:
+    t = Table(title=f"consent audit · {title}")
+    for col in ("seq", "time", "client", "purpose", "event", "task", "round", "detail"):
+        t.add_column(col)
+    for e in entries:
+        t.add_row(str(e["seq"]), f"{e['ts']:.0f}", e["client_id"], e["purpose"], e["event"],
+                  e["task_id"] or "", "" if e["round"] is None else str(e["round"]),
+                  e["detail"] or "")
+    console.print(t)

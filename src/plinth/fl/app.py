@@ -167,6 +167,17 @@ class AdaptiveClipSpec(_Spec):
     count_noise_std: float | None = Field(default=None, gt=0)  # default: the noise multiplier
 
 
+# Where DP noise comes from. numpy: seeded from the app's seed, reproducible, and so known to
+# everyone who holds the YAML: for `plinth fl sim` only (`plinth fl server|client` refuse it).
+# chacha: a CSPRNG keyed by the OS. auto: numpy in `plinth fl sim`, chacha everywhere else.
+Noise = Literal["auto", "numpy", "chacha"]
+
+
+def seeded_noise(noise: str, *, simulated: bool) -> bool:
+    """Whether `noise` (a DP spec's `noise:`) means the seeded generator on this path."""
+    return noise == "numpy" or (noise == "auto" and simulated)
+
+
 class DPSpec(_Spec):
     """Client-level DP-FedAvg: clip each update, Gaussian noise on the sum.
 
@@ -185,7 +196,7 @@ class DPSpec(_Spec):
     delta: float = Field(default=1e-5, gt=0, lt=1)
     epsilon_budget: float | None = Field(default=None, gt=0)
     accountant: Literal["rdp", "pld"] = "rdp"
-    noise: Literal["numpy", "chacha"] = "numpy"  # numpy: seeded, reproducible; chacha: CSPRNG
+    noise: Noise = "auto"
 
     @model_validator(mode="after")
     def _count_noise(self) -> DPSpec:
@@ -211,9 +222,7 @@ class LocalDPSpec(_Spec):
     delta: float = Field(default=1e-5, gt=0, lt=1)
     epsilon_budget: float | None = Field(default=None, gt=0)  # stop before local ε exceeds it
     accountant: Literal["rdp", "pld"] = "rdp"
-    # numpy: seeded from the app's seed (reproducible; for `plinth fl sim` only, since whoever
-    # knows the seed can regenerate and subtract the noise); chacha: a CSPRNG
-    noise: Literal["numpy", "chacha"] = "numpy"
+    noise: Noise = "auto"
 
 
 class SecAggSpec(_Spec):
@@ -222,7 +231,9 @@ class SecAggSpec(_Spec):
     sum; see plinth.fl.privacy.secagg_round."""
 
     neighbours: int | None = Field(default=None, ge=2)  # None: about 2·log2(n); full_graph: all
-    threshold: float = Field(default=0.5, gt=0, lt=1)  # Shamir threshold, fraction of neighbours
+    # Shamir threshold as a fraction of the neighbours; clients refuse t <= k/2 (a server could
+    # then rebuild both a client's masks), so at least 0.5
+    threshold: float = Field(default=0.5, ge=0.5, lt=1)
     full_graph: bool = False
     clip: float = Field(default=1.0, gt=0)  # each coordinate is clipped to ±clip ...
     scale: float = Field(default=float(1 << 16), gt=0)  # ... and rounded to 1/scale

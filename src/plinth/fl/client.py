@@ -26,7 +26,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from plinth.fl import serde
-from plinth.fl.app import AppSpec, AttackSpec, LocalDPSpec, load_code
+from plinth.fl.app import AppSpec, AttackSpec, LocalDPSpec, load_code, seeded_noise
 from plinth.fl.compress import Compressor
 from plinth.fl.data import Dataset, client_partitions, load_source
 from plinth.fl.messages import (
@@ -58,7 +58,7 @@ class ClientRunner:
                  tamper: Callable[[NDArrays, int], NDArrays] | None = None,
                  privatize: Callable[[NDArrays, int], NDArrays] | None = None,
                  secagg_sessions: dict[int, Any] | None = None,
-                 noise_seed: int | None = None) -> None:
+                 noise_seed: int | None = None, secagg_policy: Any = None) -> None:
         self.client = client
         self.privatize = privatize  # local DP (app `privacy.local_dp`): clip + noise the delta
         self.compressor = compressor or Compressor()
@@ -74,6 +74,9 @@ class ClientRunner:
         # distributed DP's noise share: seeded from (noise_seed, round), reproducible for
         # simulation; None draws it from a CSPRNG (ChaChaNoise)
         self.noise_seed = noise_seed
+        # what this client accepts in a SecAgg+ setup (its own app's threshold, neighbourhood
+        # and graph seed); None: the generic floors only (plinth.fl.privacy.secagg_round)
+        self.secagg_policy = secagg_policy
 
     def handle(self, payload: bytes | bytearray) -> bytearray:
         msg = serde.decode(payload)
@@ -122,6 +125,8 @@ class ClientRunner:
         from plinth.fl.privacy.secagg_round import (
             SETUP,
             ClientRound,
+            SetupPolicy,
+            check_setup,
             noisy_vector,
             setup_from_meta,
         )
@@ -142,6 +147,11 @@ class ClientRunner:
             log.warning("secagg: %s", why)
             raise SecAggError(why)
         cfg, index, dp, fit_config = setup_from_meta(ins.meta)
+        try:  # before training: a malicious setup gets nothing, not even public keys
+            check_setup(cfg, self.secagg_policy or SetupPolicy())
+        except SecAggError as e:
+            log.warning("secagg round %d: %s", ins.round, e)
+            raise
         delta, fits, _, _ = self._delta(FitIns(ins.round, ins.arrays, fit_config))
         if not fits:
             raise SecAggError("the trained model does not have the server model's shapes")
@@ -186,8 +196,10 @@ def _floats(metrics: dict[str, Any]) -> Metrics:
 class AppClients:
     """Builds the clients of an app: its data split, its model code, one client per id."""
 
-    def __init__(self, spec: AppSpec, num_clients: int, state_dir: str | None = None) -> None:
-        self.spec, self.num_clients = spec, num_clients
+    def __init__(self, spec: AppSpec, num_clients: int, state_dir: str | None = None, *,
+                 simulated: bool = False) -> None:
+        # simulated (`plinth fl sim`): `noise: auto` means seeded noise; elsewhere a CSPRNG
+        self.spec, self.num_clients, self.simulated = spec, num_clients, simulated
         self.code = load_code(spec)
         self.train, self.test = load_source(spec.data, spec.seed)
         self.parts = client_partitions(spec.data, self.train, num_clients, spec.seed)
@@ -230,26 +242,39 @@ class AppClients:
             tamper = update_attack(self.spec.attack, self.spec.seed * 1_000_003 + cid)
         privatize = None
         if self.spec.privacy.local_dp is not None:
-            privatize = local_dp_privatizer(self.spec.privacy.local_dp, self.spec.seed, cid)
+            privatize = local_dp_privatizer(self.spec.privacy.local_dp, self.spec.seed, cid,
+                                            simulated=self.simulated)
         dp = self.spec.privacy.dp
         noise_seed = None
-        if dp is not None and dp.noise == "numpy":
+        if dp is not None and seeded_noise(dp.noise, simulated=self.simulated):
             noise_seed = self.spec.seed * 1_000_003 + cid
         return ClientRunner(self.client(cid), comp, path, tamper, privatize,
-                            self.secagg_sessions.setdefault(cid, {}), noise_seed)
+                            self.secagg_sessions.setdefault(cid, {}), noise_seed,
+                            self.secagg_policy())
+
+    def secagg_policy(self) -> Any:
+        """The SecAgg+ setup this app's clients accept (None without `privacy.secagg`)."""
+        s = self.spec.privacy.secagg
+        if s is None:
+            return None
+        from plinth.fl.privacy.secagg_round import SetupPolicy
+
+        return SetupPolicy(self.spec.seed, s.neighbours, s.full_graph, s.threshold)
 
 
-def local_dp_privatizer(spec: LocalDPSpec, seed: int, cid: int
+def local_dp_privatizer(spec: LocalDPSpec, seed: int, cid: int, *, simulated: bool = False
                         ) -> Callable[[NDArrays, int], NDArrays]:
     """Local DP on the upload: the float arrays of the delta, as one vector, are clipped to L2
     norm `spec.clip` and get N(0, (z·clip)²) per coordinate (`plinth.fl.privacy.dp.local_dp`).
 
-    With `noise: numpy` the noise is seeded from (app seed, client, round): reproducible in
-    simulation, and so predictable to whoever knows the seed (`plinth fl client` refuses it);
-    `noise: chacha` draws it from a CSPRNG. Integer buffers (counters) are sent as they are:
+    Seeded noise (`noise: numpy`, or `auto` in simulation) comes from (app seed, client, round):
+    reproducible, and so predictable to whoever knows the seed (`plinth fl client` refuses
+    numpy); otherwise it is drawn from a CSPRNG. Integer buffers (counters) are sent as they are:
     they are not covered by the guarantee.
     """
     from plinth.fl.privacy.dp import ChaChaNoise, NumpyNoise, local_dp
+
+    seeded = seeded_noise(spec.noise, simulated=simulated)
 
     def privatize(delta: NDArrays, round: int) -> NDArrays:
         idx = [i for i, d in enumerate(delta) if np.issubdtype(np.asarray(d).dtype, np.floating)]
@@ -257,7 +282,7 @@ def local_dp_privatizer(spec: LocalDPSpec, seed: int, cid: int
             return delta
         flat = np.concatenate([np.asarray(delta[i], np.float64).reshape(-1) for i in idx])
         noise = (NumpyNoise(np.random.default_rng([seed, 0x10CA1, cid, round]))
-                 if spec.noise == "numpy" else ChaChaNoise())
+                 if seeded else ChaChaNoise())
         noisy = local_dp(flat, clip_norm=spec.clip, noise_multiplier=spec.noise_multiplier,
                          noise=noise)
         out = list(delta)

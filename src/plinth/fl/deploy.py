@@ -1,9 +1,19 @@
 """`plinth fl server`, `plinth fl client` and `plinth fl aggregator`: the same app over real gRPC,
-one process each."""
+one process each.
+
+Safe by default: a server listens on loopback unless given another address, refuses to start
+without client tokens (`transport.tokens` or `--tokens`; `--no-tokens` for a trusted network),
+takes TLS from one flag (`--tls DIR`, a `plinth fl certs DIR` pair), and warns when it listens
+beyond loopback in plaintext. Seeded DP noise (`noise: numpy`) is refused on this path: every
+party holds the app's seed.
+"""
 
 from __future__ import annotations
 
+import ipaddress
+import logging
 import os
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -15,31 +25,72 @@ from plinth.fl.server import RoundRecord
 from plinth.fl.sim import initial_model, serve_rounds, summary
 from plinth.fl.transport.grpc import GrpcClient, GrpcTransport, load_tokens, parse_address, read_pem
 
+log = logging.getLogger("plinth.fl.deploy")
+
 
 def run_server(app_path: str, *, address: str, rounds: int | None = None, resume: bool = False,
                overrides: dict[str, Any] | None = None,
                on_round: Callable[[RoundRecord], None] | None = None,
-               on_listen: Callable[[AppSpec, int], None] | None = None) -> dict[str, Any]:
+               on_listen: Callable[[AppSpec, int], None] | None = None,
+               require_tokens: bool = True) -> dict[str, Any]:
     spec = load_app(app_path, {**(overrides or {}), "server.rounds": rounds})
-    model, params = initial_model(spec)
+    refuse_seeded_noise(spec, app_path, "plinth fl server")
     ckpt = Checkpointer(spec.resolve(spec.checkpoint_dir)) if spec.checkpoint_dir else None
     if resume and ckpt is None:
         raise SpecError("--resume needs checkpoint_dir in the app or --checkpoint")
-    transport = _listen(spec, app_path, address)
-    if on_listen is not None:
-        try:
+    consent = None
+    if spec.consent is not None:
+        from plinth.fl.privacy.consent import ConsentService
+
+        consent = ConsentService(spec.resolve(spec.consent.registry) or "",
+                                 spec.consent.purpose, wall=time.time).handle
+    # the transport's checks (tokens, TLS) come before the model is built, so they fail fast
+    transport = _listen(spec, app_path, address, require_tokens=require_tokens, consent=consent)
+    try:
+        model, params = initial_model(spec)
+        if on_listen is not None:
             on_listen(spec, transport.port)
-        except BaseException:
-            transport.close()
-            raise
+    except BaseException:
+        transport.close()
+        raise
     server, records = serve_rounds(spec, transport, model, params, ckpt=ckpt, resume=resume,
                                    on_round=on_round)
     return summary(spec, records, len(transport.clients()), server.stopped)
 
 
-def _listen(spec: AppSpec, app_path: str, address: str) -> GrpcTransport:
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a host name: it may resolve anywhere
+
+
+def listen_warnings(spec: AppSpec, address: str) -> list[str]:
+    """What is unsafe about listening on `address` with the app's transport, one line each."""
+    host, _ = parse_address(address, "--address", any_port=True)
+    out = []
+    if spec.transport.tls is None and not is_loopback(host):
+        out.append(f"--address {address} is reachable beyond this machine and the transport is "
+                   f"plaintext: tokens and updates can be read on the network; add --tls DIR "
+                   f"(plinth fl certs DIR)")
+    if spec.transport.tokens is None:
+        out.append("--no-tokens: any process that can reach the server may join as any client")
+    return out
+
+
+def _listen(spec: AppSpec, app_path: str, address: str, *, require_tokens: bool = True,
+            consent: Callable[[str, dict[str, Any]], dict[str, Any]] | None = None
+            ) -> GrpcTransport:
     """The server end of the app's transport (its client tokens and TLS) on `address`."""
     t = spec.transport
+    if t.tokens is None and require_tokens:
+        raise SpecError(f"{app_path}: transport.tokens: a server needs client tokens by default; "
+                        f"name a file of 'client_id token' lines (plinth fl tokens FILE) with "
+                        f"--tokens FILE, or pass --no-tokens on a trusted network")
+    for line in listen_warnings(spec, address):
+        log.warning("%s", line)
     tokens = load_tokens(spec.resolve(t.tokens)) if t.tokens else None  # type: ignore[arg-type]
     cert = key = None
     if t.tls is not None:
@@ -47,7 +98,8 @@ def _listen(spec: AppSpec, app_path: str, address: str) -> GrpcTransport:
             raise SpecError(f"{app_path}: transport.tls: the server needs both cert and key")
         cert = read_pem(spec.resolve(t.tls.cert), "transport.tls.cert")
         key = read_pem(spec.resolve(t.tls.key), "transport.tls.key")
-    return GrpcTransport(address, tokens=tokens, cert=cert, key=key, chunk_size=t.chunk_size)
+    return GrpcTransport(address, tokens=tokens, cert=cert, key=key, chunk_size=t.chunk_size,
+                         consent=consent)
 
 
 def _dial(spec: AppSpec, server: str, client_id: str, token: str | None,
@@ -65,18 +117,19 @@ def _dial(spec: AppSpec, server: str, client_id: str, token: str | None,
 
 def run_aggregator(app_path: str, *, server: str, address: str, clients: int, name: str,
                    token: str | None = None,
-                   on_listen: Callable[[int], None] | None = None) -> int:
+                   on_listen: Callable[[int], None] | None = None,
+                   overrides: dict[str, Any] | None = None, require_tokens: bool = True) -> int:
     """A machine's middle aggregator (`plinth.fl.aggregate.middle`): `clients` clients join it
     on `address`; it joins `server` as one client named `name` and sends one update per task."""
     from plinth.fl.aggregate.middle import MiddleAggregator
 
     parse_address(server)
-    spec = load_app(app_path)
+    spec = load_app(app_path, overrides)
     if spec.privacy.secagg is not None or spec.strategy.robust is not None \
             or spec.privacy.dp is not None or spec.consent is not None:
         raise SpecError(f"{app_path}: an aggregator forwards one mean per machine; SecAgg, DP, "
                         f"robust rules and consent need each client's update at the server")
-    downstream = _listen(spec, app_path, address)
+    downstream = _listen(spec, app_path, address, require_tokens=require_tokens)
     try:
         if on_listen is not None:
             on_listen(downstream.port)
@@ -97,7 +150,7 @@ def run_client(app_path: str, *, server: str, cid: int, clients: int | None = No
     """Serve one client of the app (data partition `cid` of `clients`) until the server ends."""
     parse_address(server)  # a typo fails now, not after the data has loaded
     spec = load_app(app_path, overrides)
-    _client_noise_is_secret(spec, app_path)
+    refuse_seeded_noise(spec, app_path, "plinth fl client")
     n = clients or spec.data.clients
     if not 0 <= cid < n:
         raise SpecError(f"--cid: {cid} is outside 0..{n - 1} (data.clients or --clients)")
@@ -110,13 +163,33 @@ def run_client(app_path: str, *, server: str, cid: int, clients: int | None = No
     return client.serve(runner.handle)
 
 
-def _client_noise_is_secret(spec: AppSpec, app_path: str) -> None:
-    """Noise a real client adds itself (local DP, distributed DP's share) must not come from the
-    app's seed: the server has the same app YAML and could regenerate and subtract it."""
-    for field, dp in (("privacy.local_dp", spec.privacy.local_dp),
-                      ("privacy.dp", spec.privacy.dp if spec.privacy.dp is not None
-                       and spec.privacy.dp.mode == "distributed" else None)):
+def consent_request(app_path: str, *, server: str, token: str | None,
+                    request: dict[str, Any], overrides: dict[str, Any] | None = None
+                    ) -> dict[str, Any]:
+    """One consent call (grant, revoke, list) to `server` as the client the token names."""
+    parse_address(server)
+    spec = load_app(app_path, overrides)
+    if spec.consent is None:
+        raise SpecError(f"{app_path}: consent: the app asks no consent (no consent.purpose)")
+    token = token or spec.transport.token or os.environ.get("PLINTH_FL_TOKEN")
+    if not token:
+        raise SpecError("--token: consent is bound to the client's token; pass --token or set "
+                        "PLINTH_FL_TOKEN")
+    client = _dial(spec, server, "", token, {})
+    client.connect_timeout = 10.0  # a one-shot call: do not wait long for a server that is not up
+    try:
+        return client.consent({**request, "purpose": spec.consent.purpose})
+    finally:
+        client.channel.close()
+
+
+def refuse_seeded_noise(spec: AppSpec, app_path: str, role: str) -> None:
+    """DP noise outside `plinth fl sim` must not come from the app's seed: every party holds the
+    app YAML, so whoever knows the seed (the server for a client's noise, the clients for the
+    server's noise, which they see added to every global model) could regenerate and subtract
+    it. `noise: auto` (the default) is a CSPRNG here; an explicit `numpy` is refused."""
+    for field, dp in (("privacy.dp", spec.privacy.dp), ("privacy.local_dp", spec.privacy.local_dp)):
         if dp is not None and dp.noise == "numpy":
             raise SpecError(f"{app_path}: {field}.noise: numpy noise is seeded from the app's "
-                            f"seed, which the server knows; real clients need noise: chacha "
+                            f"seed, which every party holds; {role} needs noise: auto or chacha "
                             f"(numpy is for plinth fl sim)")

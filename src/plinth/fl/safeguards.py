@@ -31,7 +31,15 @@ import numpy as np
 
 from plinth.core.errors import PlinthError, SpecError
 from plinth.fl.aggregate.engine import UpdateRejected, check_shapes
-from plinth.fl.app import AppSpec, ConsentSpec, DPSpec, LocalDPSpec, RobustSpec, SecAggSpec
+from plinth.fl.app import (
+    AppSpec,
+    ConsentSpec,
+    DPSpec,
+    LocalDPSpec,
+    RobustSpec,
+    SecAggSpec,
+    seeded_noise,
+)
 from plinth.fl.messages import ClientInfo, Failure, Metrics, NDArrays
 from plinth.fl.robust.rules import RULES, RuleInputs
 from plinth.fl.strategies.base import Strategy
@@ -176,8 +184,11 @@ class Safeguards:
 
     def __init__(self, spec: AppSpec, *,
                  server_update: Callable[[NDArrays, int], np.ndarray] | None = None,
-                 wall: Callable[[], float] = time.time) -> None:
+                 wall: Callable[[], float] = time.time, simulated: bool = False) -> None:
         self.seed = spec.seed
+        # seeded DP noise and a seeded client draw only in `plinth fl sim` (see app.Noise)
+        self.seeded = spec.privacy.dp is not None and seeded_noise(spec.privacy.dp.noise,
+                                                                   simulated=simulated)
         self.robust: RobustSpec | None = spec.strategy.robust
         self.dp_spec: DPSpec | None = spec.privacy.dp
         self.secagg: SecAggSpec | None = spec.privacy.secagg
@@ -187,7 +198,8 @@ class Safeguards:
         self.server_update = server_update
         self.wall = wall  # consent timestamps are wall-clock seconds since the epoch
         self.center: np.ndarray | None = None  # centered clipping: last round's aggregate
-        self.sample_rate = 1.0
+        self.sample_rate = 1.0  # DP: the round's Poisson rate q ...
+        self.expected_clients = 1.0  # ... and q·N, DP-FedAvg's fixed denominator
         self.dp = None
         if self.dp_spec is not None:
             from plinth.fl.privacy.dp import AdaptiveClip, DPFedAvg, PrivacyAccountant
@@ -217,11 +229,10 @@ class Safeguards:
 
             from plinth.fl.privacy.consent import ConsentRegistry
 
-            path = spec.resolve(self.consent.registry) or ""
-            if not Path(path).is_file():
-                raise SpecError(f"consent.registry: {path} does not exist (a ConsentRegistry "
-                                f"SQLite file)")
-            self.registry = ConsentRegistry(path)
+            path = Path(spec.resolve(self.consent.registry) or "")
+            if not path.parent.is_dir():
+                raise SpecError(f"consent.registry: folder {path.parent} does not exist")
+            self.registry = ConsentRegistry(str(path))  # created empty when new
         if (self.robust is not None and RULES.get(self.robust.rule).needs_server_update
                 and server_update is None):
             raise SpecError("strategy.robust.rule: fltrust needs a server that holds data "
@@ -257,43 +268,77 @@ class Safeguards:
                     min_clients: int, rng: np.random.Generator) -> tuple[list[str], str | None]:
         """The round's clients, or ``([], why)`` when the task must stop before the round.
 
-        With consent, ⌈fraction·n⌉ of the n clients with live consent are drawn; the check that
-        may stop the task runs before the draw, so a round that never runs audits nobody.
+        With consent only the clients with live consent are in the pool. Without DP,
+        ⌈fraction·n⌉ of the n are drawn with `rng`. With DP each is drawn independently with
+        probability q = `poisson_rate(...)` from a CSPRNG (`plinth.fl.privacy.sampling`: the
+        sampler the accountant assumes, and secret). The checks that may stop the task run
+        before the draw, so a round that never runs audits no selection.
         """
         from plinth.fl.server import select
 
-        if self.registry is None or self.consent is None:
-            chosen = select(pool, fraction=fraction, min_clients=min_clients, rng=rng)
-            why = self.admit(r, len(chosen), len(pool))
-            return ([], why) if why else (chosen, None)
-        c, now = self.consent, self.wall()
         ids = sorted(x.cid for x in pool)
-        live = [i for i in ids if (self.registry.consent_version(i, c.purpose, now=now) or 0)
-                >= c.min_version]
-        if len(live) < min_clients:
-            self.registry.eligible(ids, c.purpose, now=now, min_version=c.min_version,
-                                   task_id=self.task_id, round=r)  # audit the exclusions
-            raise PlinthError(f"consent: {len(live)} of {len(ids)} clients have live consent for "
-                              f"{c.purpose!r}; server.min_clients is {min_clients}")
-        k = min(len(live), max(min_clients, math.ceil(fraction * len(live))))
-        why = self.admit(r, k, len(live))
+        if self.registry is not None and self.consent is not None:
+            live = set(self._consenting(r, ids, min_clients))
+            pool = [x for x in pool if x.cid in live]
+        if self.dp is not None:
+            from plinth.fl.privacy.sampling import poisson_rate, poisson_sample
+
+            q = poisson_rate(fraction=fraction, min_clients=min_clients, pool_size=len(pool))
+            why = self.admit(r, q * len(pool), len(pool))
+            chosen = [] if why else poisson_sample([x.cid for x in pool], rate=q,
+                                                   source=self._selection_noise(r))
+        else:
+            k = min(len(pool), max(min_clients, math.ceil(fraction * len(pool))))
+            why = self.admit(r, k, len(pool))
+            chosen = [] if why else select(pool, fraction=fraction, min_clients=min_clients,
+                                           rng=rng)
         if why:
             return [], why
-        return self.registry.select(ids, c.purpose, k=k, rng=rng, now=now,
-                                    min_version=c.min_version, task_id=self.task_id,
-                                    round=r), None
+        if self.registry is not None and self.consent is not None:
+            self.registry.record_selection(chosen, self.consent.purpose, now=self.wall(),
+                                           task_id=self.task_id, round=r)
+        return chosen, None
 
-    def admit(self, r: int, k: int, pool_size: int) -> str | None:
-        """None if a round of `k` clients drawn from `pool_size` may run; otherwise why the task
-        stops before it (too few clients for the robust rule or SecAgg, the DP budget)."""
+    def _consenting(self, r: int, ids: list[str], min_clients: int) -> list[str]:
+        """The ids with live consent for the task's purpose (the others audited as excluded)."""
+        assert self.registry is not None and self.consent is not None
+        c = self.consent
+        live = self.registry.eligible(ids, c.purpose, now=self.wall(), min_version=c.min_version,
+                                      task_id=self.task_id, round=r).eligible
+        if len(live) < min_clients:
+            raise PlinthError(f"consent: {len(live)} of {len(ids)} clients have live consent for "
+                              f"{c.purpose!r}; server.min_clients is {min_clients}")
+        return live
+
+    def refuses_update(self, cid: str) -> str | None:
+        """Why an update from `cid` must not be used, or None: with consent, a client whose
+        consent is no longer live (revoked during the round) is refused on arrival."""
+        if self.registry is None or self.consent is None:
+            return None
+        ver = self.registry.consent_version(cid, self.consent.purpose, now=self.wall())
+        if ver is None or ver < self.consent.min_version:
+            return f"consent for {self.consent.purpose!r} is not live (revoked); update refused"
+        return None
+
+    def _selection_noise(self, r: int) -> Any:
+        from plinth.fl.privacy.dp import ChaChaNoise, NumpyNoise
+
+        return NumpyNoise(np.random.default_rng([self.seed, r, 0x5E1])) if self.seeded \
+            else ChaChaNoise()
+
+    def admit(self, r: int, k: float, pool_size: int) -> str | None:
+        """None if a round of `k` clients (with DP: `k` = q·N expected) drawn from `pool_size`
+        may run; otherwise why the task stops before it (too few clients for the robust rule or
+        SecAgg, the DP budget)."""
         need = 1 if self.robust is None else RULES.get(self.robust.rule).min_clients(self.robust)
         if self.robust is not None and k < need:
             return (f"strategy.robust: rule {self.robust.rule} with f={self.robust.f} needs at "
                     f"least {need} clients a round, round {r} selected {k}")
-        if self.secagg is not None and k < 3:
+        if self.secagg is not None and self.dp is None and k < 3:
             return f"privacy.secagg: needs at least 3 clients a round, round {r} selected {k}"
         if self.dp is not None:
             self.sample_rate = k / max(1, pool_size)
+            self.expected_clients = float(k)
             if self.dp.epsilon_budget is not None:
                 from plinth.fl.privacy.dp import check_budget
 
@@ -320,7 +365,7 @@ class Safeguards:
         if self.robust is not None:
             reduce = self._robust(r, params)
         elif self.dp is not None and self.secagg is None:
-            reduce = self._dp(r, len(chosen))
+            reduce = self._dp(r)
         else:  # SecAgg over collected updates, in one process: see _secagg
             reduce = self._secagg(r, len(chosen))
         return CollectingAggregator(params, reduce)
@@ -347,18 +392,19 @@ class Safeguards:
 
         return reduce
 
-    def _dp(self, r: int, expected: int) -> Reduce:
+    def _dp(self, r: int) -> Reduce:
         dp = self.dp
         assert dp is not None and self.dp_spec is not None
         from plinth.fl.privacy.dp import ChaChaNoise, NumpyNoise
 
-        noise = (NumpyNoise(np.random.default_rng([self.seed, r, 0xD9]))
-                 if self.dp_spec.noise == "numpy" else ChaChaNoise())
+        noise = (NumpyNoise(np.random.default_rng([self.seed, r, 0xD9])) if self.seeded
+                 else ChaChaNoise())
 
         def reduce(rows: np.ndarray, weights: np.ndarray) -> Reduced:
-            # DP-FedAvg: every update counts the same (clipped to C), divided by the number
-            # selected, not the number that replied, so one client moves the sum by at most C.
-            dp.expected_clients = float(expected)
+            # DP-FedAvg: every update counts the same (clipped to C), divided by the fixed q·N,
+            # not the number drawn or the number that replied, so one client moves the sum by
+            # at most C whatever the Poisson draw.
+            dp.expected_clients = self.expected_clients
             clip = dp.adaptive.clip_norm if dp.adaptive else dp.clip_norm
             out = dp.aggregate(rows, sample_rate=self.sample_rate, noise=noise)
             if out is None:  # admit() checked the budget first; kept as a guard
@@ -379,12 +425,13 @@ class Safeguards:
         spec = self.secagg
         assert spec is not None
         from plinth.fl.privacy.secagg import SecAggConfig
+        from plinth.fl.privacy.secagg_round import public_graph_seed
 
         degree = None if spec.neighbours is None else min(spec.neighbours, n - 1)
         return SecAggConfig(client_ids=tuple(range(n)), vector_len=d, round_id=r,
                             clip=spec.clip, scale=spec.scale, full_graph=spec.full_graph,
                             degree=degree, threshold_fraction=spec.threshold,
-                            graph_seed=self.seed * 1_000_003 + r)
+                            graph_seed=public_graph_seed(self.seed, r))
 
     def distributed_dp(self, expected: int) -> DistributedDP | None:
         """With privacy.dp.mode distributed: the noise share each client adds before masking;
@@ -401,7 +448,7 @@ class Safeguards:
         """The round's aggregate delta from the unmasked sum of `survivors` clients.
 
         Without DP it is their unweighted mean. With distributed DP it is the noisy sum over
-        the number selected (DP-FedAvg's fixed denominator), and the round is accounted as
+        q·N (DP-FedAvg's fixed denominator; `expected` is the number drawn), and the round is accounted as
         DP-FedAvg with multiplier z·sqrt(min(n, m)/m), n the survivors (all assumed honest):
         fewer than m clients lower the noise.
         """
@@ -418,9 +465,10 @@ class Safeguards:
         metrics = {"secagg_survivors": float(survivors), "epsilon": eps,
                    "dp_clip": dp.clip_norm, "dp_noise_std": share_std * math.sqrt(survivors),
                    "dp_noise_multiplier": z_eff, "dp_sample_rate": self.sample_rate}
-        return total / max(1, expected), metrics, \
-            (f"secagg + distributed DP: noisy sum of {survivors} masked updates / {expected}, "
-             f"epsilon={eps:.4f}")
+        denominator = self.expected_clients
+        return total / denominator, metrics, \
+            (f"secagg + distributed DP: noisy sum of {survivors} masked updates / "
+             f"{denominator:g}, epsilon={eps:.4f}")
 
     def secagg_aggregator(self, r: int, rnd: ServerRound, template: NDArrays, expected: int
                           ) -> CollectingAggregator:
@@ -455,16 +503,28 @@ class Safeguards:
                 log.warning("round %d: SecAgg needs 3 updates, got %d; the model stays", r, n)
                 return np.zeros(d), {"secagg_skipped": 1.0}, "too few updates for SecAgg"
             ddp = self.distributed_dp(expected)
-            numpy = self.dp_spec is not None and self.dp_spec.noise == "numpy"
             inputs = {i: noisy_vector(rows[i], ddp, NumpyNoise(np.random.default_rng(
-                [self.seed, r, i, 0xDD])) if numpy else ChaChaNoise()) for i in range(n)}
+                [self.seed, r, i, 0xDD])) if self.seeded else ChaChaNoise()) for i in range(n)}
             out = run_secagg_round(self.secagg_config(r, n, d), inputs)
             return self.secagg_reduce(r, out.total, len(out.result.survivors), expected)
 
         return reduce
 
+    def charge_unreleased(self) -> Metrics:
+        """With DP, a round that released no aggregate (an empty Poisson draw, every update
+        failed, SecAgg aborted or skipped) is still charged: the accountant counts every
+        round that was drawn, whatever came of it."""
+        if self.dp is None:
+            return {}
+        eps = self.dp.accountant.step(noise_multiplier=self.dp.noise_multiplier,
+                                      sample_rate=self.sample_rate)
+        clip = self.dp.adaptive.clip_norm if self.dp.adaptive else self.dp.clip_norm
+        return {"epsilon": eps, "dp_sample_rate": self.sample_rate, "dp_clip": clip}
+
     def end_round(self, r: int, acc: Any, chosen: list[str], failures: list[Failure]) -> Metrics:
-        metrics: Metrics = {}  # the accumulator's own metrics come with aggregate_fit's
+        # the accumulator's own metrics come with aggregate_fit's
+        metrics: Metrics = self.charge_unreleased() if acc is not None and acc.count == 0 \
+            else {}
         if self.local_accountant is not None and self.local_spec is not None:
             # ε(δ) of one client that uploaded in every round so far, against the server itself
             metrics["local_epsilon"] = self.local_accountant.step(

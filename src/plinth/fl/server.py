@@ -174,6 +174,7 @@ class Server:
             if staleness_of is None and res.round != version:
                 raise UpdateRejected(f"update for round {res.round} arrived in round {version}")
             self._check_examples(cid, res.num_examples)
+            self._check_consent(cid)
             staleness = 0 if staleness_of is None else staleness_of(res.round)
             delta = decompress(res.update, res.codec, res.codec_meta, self.template)
             return len(reply), (delta, res.num_examples, staleness)
@@ -191,6 +192,12 @@ class Server:
         if declared is not None and n > declared:
             raise UpdateRejected(f"num_examples {n} is more than the {declared} the client "
                                  f"declared when it joined")
+
+    def _check_consent(self, cid: str) -> None:
+        """An update from a client whose consent was revoked since it was selected is refused."""
+        why = self.safeguards.refuses_update(cid) if self.safeguards is not None else None
+        if why:
+            raise UpdateRejected(why)
 
     def _reject(self, cid: str, version: int, why: str, failures: list[Failure]) -> None:
         log.warning("client %s rejected in round %d: %s", cid, version, why)
@@ -281,6 +288,12 @@ class Server:
 
         guard = self.safeguards
         assert guard is not None
+        if len(chosen) < 3:  # a Poisson draw (DP on) can come out this small
+            why = f"secagg skipped: the Poisson draw selected {len(chosen)} clients, SecAgg+ " \
+                  f"needs 3; the model stays"
+            log.warning("round %d: %s", r, why)
+            return RoundRecord(r, None, None, 0.0, 0, 0, chosen, 0, [],
+                               {"secagg_skipped": 1.0, **guard.charge_unreleased()}, why)
         d = sum(math.prod(shape) for shape, _ in self.template)
         rnd = ServerRound(guard.secagg_config(r, len(chosen), d), chosen)
         requests = rnd.setup(self.strategy.parameters, self.strategy.fit_config(r),
@@ -292,6 +305,11 @@ class Server:
                 down += sum(len(p) for p in requests.values())
                 for cid, reply in self._exchange(r, requests, failures, rnd.stage):
                     up += len(reply)
+                    try:
+                        self._check_consent(cid)  # refused: a dropout from now on
+                    except UpdateRejected as e:
+                        self._reject(cid, r, str(e), failures)
+                        continue
                     failed = rnd.receive(cid, reply)
                     if failed is not None:
                         failures.append(Failure(cid, r, *failed))

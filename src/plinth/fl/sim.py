@@ -70,12 +70,13 @@ def central_evaluator(spec: AppSpec, model: Any) -> Callable[[NDArrays], tuple[f
     return evaluate
 
 
-def make_safeguards(spec: AppSpec) -> Safeguards:
-    """The app's robust rule, DP, SecAgg and consent settings for a server that holds data."""
+def make_safeguards(spec: AppSpec, *, simulated: bool = False) -> Safeguards:
+    """The app's robust rule, DP, SecAgg and consent settings for a server that holds data;
+    `simulated` (`plinth fl sim` only) lets `noise: auto` mean seeded noise."""
     robust = spec.strategy.robust
     root = robust is not None and RULES.get(robust.rule).needs_server_update
     update = root_trainer(spec) if root else None
-    return Safeguards(spec, server_update=update)
+    return Safeguards(spec, server_update=update, simulated=simulated)
 
 
 # per-round metrics the JSON carries when the app turns the feature on
@@ -163,15 +164,15 @@ def plot(result: dict[str, Any], out: str | Path) -> list[Path]:
 def serve_rounds(spec: AppSpec, transport: Any, model: Any, params: NDArrays, *,
                  ckpt: Checkpointer | None, resume: bool,
                  on_round: Callable[[RoundRecord], None] | None,
-                 on_start: Callable[[AppSpec, int], None] | None = None
-                 ) -> tuple[Server, list[RoundRecord]]:
+                 on_start: Callable[[AppSpec, int], None] | None = None,
+                 simulated: bool = False) -> tuple[Server, list[RoundRecord]]:
     """The server's whole life on a transport, for `plinth fl sim` and `plinth fl server` alike:
     build it with the app's strategy, evaluator and safeguards, resume or start, run the
     rounds, and close the transport, the safeguards, the strategy (its aggregator tree) and the
     checkpoint whatever happens."""
     strategy = make_strategy(spec.strategy.name, spec.strategy.options,
                              threads=spec.server.aggregation_threads)
-    guard = make_safeguards(spec)
+    guard = make_safeguards(spec, simulated=simulated)
     try:
         server = Server(strategy, transport, spec.server, seed=spec.seed,
                         evaluate=central_evaluator(spec, model)
@@ -209,7 +210,8 @@ def run_sim(app_path: str, *, clients: int, rounds: int | None = None,
         transport = PoolTransport(app_path, ov, clients, sizes, workers=workers,
                                   state_dir=state_dir, sticky=spec.privacy.secagg is not None)
         server, records = serve_rounds(spec, transport, model, params, ckpt=ckpt,
-                                       resume=resume, on_round=on_round, on_start=on_start)
+                                       resume=resume, on_round=on_round, on_start=on_start,
+                                       simulated=True)
     return summary(spec, records, clients, server.stopped)
 
 

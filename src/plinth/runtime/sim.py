@@ -44,10 +44,10 @@ import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from plinth.core.resources import Allocation, Cluster, Request
+from plinth.core.resources import Allocation, Cluster
 from plinth.core.throughput import FIXED_SPEED
 from plinth.core.workload import Job
-from plinth.runtime.base import LaunchSpec, WorkerLaunch, gang_env, worker_launches
+from plinth.runtime.base import LaunchSpec, gang_env, worker_launches
 from plinth.sched.owner import (
     CheckpointSaved,
     Event,

@@ -8,8 +8,14 @@ Every site i holds a model w_i and weight pi_i (sum pi_i = 1). Iteration k with 
 4. lambda_i <- lambda_i + rho (x_i - z)
 
 This is ADMM for min sum_i pi_i |x_i - w_i|^2 subject to x_i = z, so z -> sum_i pi_i w_i.
-rho_k = rho0 * rho_decay^k; lambda_i starts Gaussian (std ``lambda_std``, from the site's rng), so a
-single y_i says nothing about w_i. Iteration k uses parallel class k mod (v-1)/2 of a KTS(v), and
+rho_k = rho0 * rho_decay^k; lambda_i starts Gaussian (std ``lambda_std``), so a single y_i says
+nothing about w_i.
+
+A site's secret randomness (lambda_0 and its additive shares) is its own: by default a ChaCha20
+stream keyed from the OS CSPRNG (``ChaChaNoise``), never anything in the app config, which every
+site holds. With a seeded stream a partner could regenerate both and read w_i off one partial
+sum (tests/fl/test_admm_seed_replay.py runs that attack); only the in-process simulation
+``run_admm(seed=...)`` uses seeded streams. Iteration k uses parallel class k mod (v-1)/2 of a KTS(v), and
 at most 2 (v-1)/2 - 1 iterations run (the paper's cap).
 
 How z is formed without revealing any y_i (our reading of the paper's group protocol):
@@ -33,6 +39,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from plinth.fl.admm.kirkman import Design, Triple, kirkman_triple_system
+from plinth.fl.privacy.dp import ChaChaNoise, NoiseSource, NumpyNoise
 
 SCALE = float(1 << 32)
 
@@ -81,8 +88,8 @@ class Site:
     site_id: int
     w: np.ndarray
     pi: float
-    rng: np.random.Generator
     config: ADMMConfig
+    rng: NoiseSource = field(default_factory=ChaChaNoise)  # secret: see the module docstring
     trace: bool = False  # keep each iteration's encoded pi_i y_i in sent_values (for audits)
     sent_values: list[np.ndarray] = field(default_factory=list)
     lam: np.ndarray = field(init=False)
@@ -93,7 +100,7 @@ class Site:
 
     def __post_init__(self) -> None:
         self.w = np.asarray(self.w, dtype=np.float64)
-        self.lam = self.rng.normal(0.0, self.config.lambda_std, self.w.shape)
+        self.lam = self.rng.normal(self.config.lambda_std, self.w.shape)
         self.z = np.zeros_like(self.w)
 
     def shares(self, k: int, group: Triple) -> dict[int, np.ndarray]:
@@ -104,12 +111,7 @@ class Site:
         y = self._x + self.lam / rho
         value = encode(self.pi * y)
         partners = [s for s in group if s != self.site_id]
-        out = {
-            p: self.rng.integers(
-                0, np.iinfo(np.uint64).max, size=value.shape, dtype=np.uint64, endpoint=True
-            )
-            for p in partners
-        }
+        out = {p: self.rng.words(value.shape) for p in partners}
         if self.trace:
             self.sent_values.append(value.copy())
         kept = value.copy()
@@ -159,14 +161,16 @@ def run_admm(
     seed: int = 0,
     design: Design | None = None,
 ) -> ADMMReport:
-    """In-process run of the protocol: each site is a ``Site``; the driver only carries messages."""
+    """In-process simulation of the protocol: each site is a ``Site`` with a stream seeded from
+    ``seed`` (reproducible, so not secret); the driver only carries messages."""
     w = np.asarray(models, dtype=np.float64)
     v = w.shape[0]
     pi = weights_from_counts(num_examples)
     design = kirkman_triple_system(v) if design is None else design
     iters = config.num_iterations(v)
     seeds = np.random.SeedSequence(seed).spawn(v)
-    sites = [Site(i, w[i], float(pi[i]), np.random.default_rng(seeds[i]), config) for i in range(v)]
+    sites = [Site(i, w[i], float(pi[i]), config, NumpyNoise(np.random.default_rng(seeds[i])))
+             for i in range(v)]
     exact = pi @ w
     errors = []
     for k in range(iters):

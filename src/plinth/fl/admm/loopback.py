@@ -179,9 +179,9 @@ def run_sites(v: int, job: Job, args: list[tuple], *, security: PeerSecurity | N
 
 
 def _admm_job(ex: PeerExchange, report: Callable[[Any], None], w: np.ndarray, pi: float,
-              seed: np.random.SeedSequence, config: ADMMConfig, design: Design, iters: int,
-              trace: bool) -> tuple[np.ndarray, list[np.ndarray]]:
-    site = Site(ex.me, w, pi, np.random.default_rng(seed), config, trace=trace)
+              config: ADMMConfig, design: Design, iters: int, trace: bool
+              ) -> tuple[np.ndarray, list[np.ndarray]]:
+    site = Site(ex.me, w, pi, config, trace=trace)  # its randomness: a CSPRNG of its own
     history = site_loop(site, design, iters, ex)
     return np.stack(history), site.sent_values
 
@@ -191,12 +191,12 @@ def run_admm_processes(
     num_examples: list[int],
     *,
     config: ADMMConfig | None = None,
-    seed: int = 0,
     timeout: float = 60.0,
     audit: bool = False,
     security: PeerSecurity | None = None,
 ) -> tuple[ADMMReport, list[SiteResult]]:
-    """One process per site, talking gRPC on loopback; the report and each site's result (its
+    """One process per site, talking gRPC on loopback, each drawing its secret randomness from
+    its own CSPRNG (so runs are not bit-for-bit repeatable); the report and each site's result (its
     process id, z after each iteration, and with `audit` its encoded pi_i y_i per iteration and
     every message it received, as (sender, seq, array))."""
     config = config or ADMMConfig()
@@ -205,8 +205,7 @@ def run_admm_processes(
     pi = weights_from_counts(num_examples)
     design = kirkman_triple_system(v)
     iters = config.num_iterations(v)
-    seeds = np.random.SeedSequence(seed).spawn(v)
-    args = [(w[i], float(pi[i]), seeds[i], config, design, iters, audit) for i in range(v)]
+    args = [(w[i], float(pi[i]), config, design, iters, audit) for i in range(v)]
     sites = run_sites(v, _admm_job, args, timeout=timeout, audit=audit, security=security)
     exact = pi @ w
     finals = [s.result[0][-1] for s in sites]

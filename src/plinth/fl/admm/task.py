@@ -123,8 +123,9 @@ def train_site(spec: AppSpec, a: AdmmSpec, ex: Any, params: NDArrays,
     for r in range(1, a.rounds + 1):
         new, n, metrics = client.fit(params, {**fit_config, "round": r})
         w = flatten(new)
-        rng = np.random.default_rng(np.random.SeedSequence([spec.seed, 0xADA, r]).spawn(v)[me])
-        history = site_loop(Site(me, w, pi, rng, config), design, iters, ex)
+        # a fresh secret stream per round (OS CSPRNG), never from the app's seed: every site
+        # holds the YAML and could replay a seeded stream (tests/fl/test_admm_seed_replay.py)
+        history = site_loop(Site(me, w, pi, config), design, iters, ex)
         params = unflatten(history[-1], new)
         report({"round": r, "w": w, "n": int(n), "train_loss": metrics.get("train_loss"),
                 "history": np.stack(history) if me == 0 else None,

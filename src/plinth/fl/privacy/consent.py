@@ -5,14 +5,22 @@ at a timestamp. Revocation ends it for all later rounds. Selection asks :meth:`e
 never returns a client without live consent for the task's purpose (and at least the required
 version). Every grant, revocation, selection decision and participation is appended to an audit
 log that can be queried. Time is passed in (``now``, seconds since the epoch), never read here.
+
+Who may grant: only the client itself, through the FL server's ``Consent`` call
+(:class:`ConsentService`, `plinth fl consent grant`), where its id is the one its token proves.
+The audit log can be exported (:func:`export_audit`, `plinth fl consent audit --export`).
 """
 
 from __future__ import annotations
 
+import csv
+import json
 import logging
 import sqlite3
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
 
 log = logging.getLogger("plinth.fl.privacy.consent")
 
@@ -164,10 +172,23 @@ class ConsentRegistry:
         if len(picked) > k:
             idx = rng.choice(len(picked), size=k, replace=False)
             picked = [picked[i] for i in sorted(idx)]
+        self.record_selection(picked, purpose, now=now, task_id=task_id, round=round)
+        return picked
+
+    def record_selection(self, picked: Iterable[str], purpose: str, *, now: float,
+                         task_id: str | None = None, round: int | None = None) -> None:
+        """Audit the clients a round selected (drawn by the caller from `eligible`)."""
         with self._db:
             for c in picked:
                 self._audit(now, c, purpose, "selected", task_id, round)
-        return picked
+
+    def consents(self, client_id: str) -> list[dict[str, object]]:
+        """Every consent record of one client, oldest first (live ones have revoked_at None)."""
+        rows = self._db.execute(
+            "SELECT purpose, version, granted_at, revoked_at FROM consent WHERE client_id=? "
+            "ORDER BY granted_at", (client_id,))
+        return [dict(zip(("purpose", "version", "granted_at", "revoked_at"), r, strict=True))
+                for r in rows]
 
     def record_participation(
         self,
@@ -217,3 +238,52 @@ class ConsentRegistry:
         if where:
             sql += " WHERE " + " AND ".join(where)
         return [AuditEntry(*row) for row in self._db.execute(sql + " ORDER BY seq", args)]
+
+
+def export_audit(entries: Iterable[AuditEntry], path: str | Path) -> int:
+    """Write audit entries to `path` as CSV (``.csv``) or JSON lines (anything else); the
+    number written."""
+    p = Path(path)
+    rows = [asdict(e) for e in entries]
+    with p.open("w", newline="") as f:
+        if p.suffix == ".csv":
+            w = csv.DictWriter(f, fieldnames=[x.name for x in fields(AuditEntry)])
+            w.writeheader()
+            w.writerows(rows)
+        else:
+            for row in rows:
+                f.write(json.dumps(row) + "\n")
+    return len(rows)
+
+
+class ConsentService:
+    """The server's consent API: grant, revoke and list for an *authenticated* client id (the
+    transport passes the id its token proves), scoped to the task's purpose. Each request opens
+    its own connection, so the API's threads never share one with the round loop."""
+
+    def __init__(self, path: str, purpose: str, *, wall: Callable[[], float]) -> None:
+        self.path, self.purpose, self.wall = path, purpose, wall
+
+    def handle(self, client_id: str, request: dict[str, Any]) -> dict[str, Any]:
+        action = request.get("action")
+        purpose = request.get("purpose") or self.purpose
+        if purpose != self.purpose:
+            raise ValueError(f"purpose: this task asks consent for {self.purpose!r}, "
+                             f"not {purpose!r}")
+        reg = ConsentRegistry(self.path)
+        try:
+            if action == "grant":
+                version = request.get("version", 1)
+                if isinstance(version, bool) or not isinstance(version, int):
+                    raise ValueError(f"version: must be a whole number, got {version!r}")
+                reg.grant(client_id, purpose, version=version, now=self.wall())
+                return {"client_id": client_id, "granted": purpose, "version": version}
+            if action == "revoke":
+                return {"client_id": client_id, "revoked": purpose,
+                        "had_consent": reg.revoke(client_id, purpose, now=self.wall())}
+            if action == "list":
+                return {"client_id": client_id, "consents": reg.consents(client_id),
+                        "audit": [asdict(e) for e in reg.audit_log(client_id=client_id)]}
+            raise ValueError(f"action: must be grant, revoke or list, got {action!r}")
+        finally:
+            reg.close()

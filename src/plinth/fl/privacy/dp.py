@@ -37,8 +37,24 @@ from plinth.core.registry import Registry
 log = logging.getLogger("plinth.fl.privacy.dp")
 
 
+def _rdp_order_dropped(record: logging.LogRecord) -> bool:
+    """False for dp-accounting's "failed to converge" warning: the RDP accountant then leaves
+    that order out of the minimum over orders, so epsilon stays a valid (slightly looser)
+    bound, but it logs one line per order per call: hundreds in a DP run."""
+    return "failed to converge" not in str(record.msg)
+
+
+logging.getLogger("absl").addFilter(_rdp_order_dropped)
+
+
 class NoiseSource(Protocol):
     def normal(self, std: float, size: int | tuple[int, ...]) -> np.ndarray: ...
+
+    def words(self, size: int | tuple[int, ...]) -> np.ndarray: ...  # uniform uint64
+
+
+def _shape(size: int | tuple[int, ...]) -> tuple[int, ...]:
+    return (size,) if isinstance(size, int) else tuple(size)
 
 
 @dataclass(slots=True)
@@ -50,10 +66,15 @@ class NumpyNoise:
     def normal(self, std: float, size: int | tuple[int, ...]) -> np.ndarray:
         return self.rng.normal(0.0, std, size)
 
+    def words(self, size: int | tuple[int, ...]) -> np.ndarray:
+        return self.rng.integers(0, np.iinfo(np.uint64).max, size=_shape(size),
+                                 dtype=np.uint64, endpoint=True)
+
 
 @dataclass(slots=True)
 class ChaChaNoise:
-    """Gaussian noise from a ChaCha20 keystream (Box-Muller over 53-bit uniforms): a CSPRNG."""
+    """Gaussian noise (Box-Muller over 53-bit uniforms) and uniform words from a ChaCha20
+    keystream under a 32-byte key, by default from the OS CSPRNG: secret and unpredictable."""
 
     key: bytes = field(default_factory=lambda: os.urandom(32))
     _calls: int = 0
@@ -62,18 +83,23 @@ class ChaChaNoise:
         if len(self.key) != 32:
             raise ValueError(f"ChaChaNoise key must be 32 bytes, got {len(self.key)}")
 
-    def normal(self, std: float, size: int | tuple[int, ...]) -> np.ndarray:
-        shape = (size,) if isinstance(size, int) else tuple(size)
-        count = int(np.prod(shape))
+    def _stream(self, nbytes: int) -> bytes:
         # Block counter 0, a fresh 96-bit nonce per call: the stream is never reused.
         nonce = bytes(4) + self._calls.to_bytes(12, "little")
         self._calls += 1
-        raw = (
-            Cipher(algorithms.ChaCha20(self.key, nonce), mode=None)
-            .encryptor()
-            .update(bytes(16 * count))
-        )
-        words = np.frombuffer(raw, dtype="<u8").reshape(2, count) >> np.uint64(11)
+        return Cipher(algorithms.ChaCha20(self.key, nonce), mode=None).encryptor().update(
+            bytes(nbytes))
+
+    def words(self, size: int | tuple[int, ...]) -> np.ndarray:
+        shape = _shape(size)
+        count = int(np.prod(shape))
+        return np.frombuffer(self._stream(8 * count), dtype="<u8").astype(np.uint64).reshape(
+            shape)
+
+    def normal(self, std: float, size: int | tuple[int, ...]) -> np.ndarray:
+        shape = _shape(size)
+        count = int(np.prod(shape))
+        words = self.words(2 * count).reshape(2, count) >> np.uint64(11)
         u1 = (words[0].astype(np.float64) + 1.0) / 2.0**53  # (0, 1]
         u2 = words[1].astype(np.float64) / 2.0**53
         z = np.sqrt(-2.0 * np.log(u1)) * np.cos(2.0 * np.pi * u2)
@@ -202,7 +228,8 @@ def distributed_noise_share(
 def round_event(
     *, noise_multiplier: float, sample_rate: float, count: int = 1
 ) -> dp_accounting.DpEvent:
-    """The DpEvent of ``count`` rounds of the (Poisson-subsampled) Gaussian mechanism."""
+    """The DpEvent of ``count`` rounds of the Gaussian mechanism on a Poisson sample of rate
+    ``sample_rate`` (the sampler the server runs with DP on: plinth.fl.privacy.sampling)."""
     if not 0 < sample_rate <= 1:
         raise ValueError(f"sample_rate must be in (0, 1], got {sample_rate}")
     if noise_multiplier <= 0:
@@ -231,6 +258,7 @@ class PrivacyAccountant:
         default_factory=list
     )  # (noise_multiplier, sample_rate)
     history: list[float] = field(default_factory=list)  # epsilon after each round
+    events: list[dp_accounting.DpEvent] = field(default_factory=list)  # what was composed
 
     _acc: dp_accounting.PrivacyAccountant | None = None
 
@@ -250,7 +278,9 @@ class PrivacyAccountant:
 
     def step(self, *, noise_multiplier: float, sample_rate: float) -> float:
         """Record one round and return epsilon(delta) after it."""
-        self._acc.compose(round_event(noise_multiplier=noise_multiplier, sample_rate=sample_rate))
+        event = round_event(noise_multiplier=noise_multiplier, sample_rate=sample_rate)
+        self._acc.compose(event)
+        self.events.append(event)
         self.rounds.append((noise_multiplier, sample_rate))
         eps = self.epsilon()
         # Composition never lowers epsilon; guard against numerical jitter of the optimiser anyway.

@@ -36,7 +36,7 @@ import numpy as np
 from plinth.core.errors import PlinthError
 from plinth.fl import serde
 from plinth.fl.messages import ErrorRes, NDArrays, SecAggIns, SecAggRes
-from plinth.fl.privacy.masking import dequantize
+from plinth.fl.privacy.masking import default_degree, dequantize
 from plinth.fl.privacy.secagg import (
     ClientSecAgg,
     SecAggConfig,
@@ -106,6 +106,52 @@ def setup_from_meta(meta: dict[str, Any]) -> tuple[SecAggConfig, int, Distribute
         return cfg, index, ddp, dict(meta.get("config") or {})
     except (KeyError, TypeError, ValueError) as e:
         raise SecAggError(f"setup: bad SecAgg+ parameters ({type(e).__name__}: {e})") from None
+
+
+def public_graph_seed(app_seed: int, round_id: int) -> int:
+    """The neighbour graph's seed for a round: from the app's seed, which every client holds,
+    so a client can check that the server did not pick a graph of its own."""
+    return app_seed * 1_000_003 + round_id
+
+
+@dataclass(frozen=True, slots=True)
+class SetupPolicy:
+    """What a client accepts in a setup message, from its own copy of the app spec
+    (`privacy.secagg` and `seed`); see `check_setup`."""
+
+    app_seed: int | None = None  # None: the graph seed is not checked
+    degree: int | None = None  # the app's `neighbours` (None: about 2·log2 n)
+    full_graph: bool = False
+    threshold_fraction: float = 0.5
+
+
+def check_setup(cfg: SecAggConfig, policy: SetupPolicy) -> None:
+    """Refuse (`SecAggError`) a setup whose parameters would let the server unmask one client:
+
+    - a threshold t that is not more than half of the neighbourhood k (or below the app's own
+      threshold): then the server can ask one set of neighbours for a client's self-mask seed
+      and another set for its mask key, and take its update out of the sum;
+    - a neighbourhood smaller than the app asks for (by default about 2·log2 n, SecAgg+'s
+      security parameter), or not the full graph when the app says full_graph;
+    - a graph seed other than the public one derived from the app's seed, so that the server
+      cannot search for a graph that surrounds a victim with clients it controls.
+    """
+    n = len(cfg.client_ids)
+    graph = cfg.graph()
+    k = min(len(v) for v in graph.values())
+    t = cfg.threshold(graph)
+    want_k = n - 1 if policy.full_graph else min(n - 1, policy.degree or default_degree(n))
+    want_t = max(k // 2 + 1, int(policy.threshold_fraction * k) + 1)
+    if k < want_k:
+        raise SecAggError(f"setup: refused: {k} neighbours each, the app asks for at least "
+                          f"{want_k} of the {n} clients")
+    if t < want_t:
+        raise SecAggError(f"setup: refused: threshold {t} of {k} neighbours, need at least "
+                          f"{want_t} (more than half, and the app's threshold)")
+    if policy.app_seed is not None and not cfg.full_graph \
+            and cfg.graph_seed != public_graph_seed(policy.app_seed, cfg.round_id):
+        raise SecAggError(f"setup: refused: graph_seed {cfg.graph_seed} is not the public seed "
+                          f"of round {cfg.round_id}")
 
 
 # ---- client ---------------------------------------------------------------------------------

@@ -8,6 +8,8 @@ never becomes one huge gRPC message. Clients dial out to the server (so they may
 - ``Pull``  (server stream)  a JSON header frame, then the task's chunks; or a header saying
                              "nothing yet" (after a long poll) or "shut down".
 - ``Push``  (client stream)  a JSON header frame naming the task, then the reply's chunks.
+- ``Consent`` (unary)        a client grants, revokes or lists its own consent; the id is the
+                             one its token proves, never one it claims (needs tokens).
 
 TLS uses the server's certificate and key; clients pin a CA. Per-client tokens come from a file of
 ``client_id token`` lines; a client proves its id with ``authorization: Bearer <token>``.
@@ -22,7 +24,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -138,9 +140,12 @@ class GrpcTransport:
     def __init__(self, address: str, *, tokens: dict[str, str] | None = None,
                  cert: bytes | None = None, key: bytes | None = None,
                  chunk_size: int = 1 << 20, workers: int = 32,
-                 liveness: float = 4 * POLL_SECONDS) -> None:
+                 liveness: float = 4 * POLL_SECONDS,
+                 consent: Callable[[str, dict[str, Any]], dict[str, Any]] | None = None) -> None:
         host, port = parse_address(address, "--address", any_port=True)
         self.tokens, self.chunk_size, self.liveness = tokens, chunk_size, liveness
+        # consent(authenticated client id, request) -> reply; ValueError: a refused request
+        self.consent = consent
         self._peers: dict[str, _Peer] = {}
         self._pending: dict[int, tuple[str, Future]] = {}
         self._ids = itertools.count(1)
@@ -153,6 +158,7 @@ class GrpcTransport:
             "Join": grpc.unary_unary_rpc_method_handler(self._join),
             "Pull": grpc.unary_stream_rpc_method_handler(self._pull),
             "Push": grpc.stream_unary_rpc_method_handler(self._push),
+            "Consent": grpc.unary_unary_rpc_method_handler(self._consent),
         }
         self._server.add_generic_rpc_handlers(
             (grpc.method_handlers_generic_handler(SERVICE, handlers),))
@@ -194,6 +200,24 @@ class GrpcTransport:
             self._lock.notify_all()
         log.info("client %s joined", cid)
         return json.dumps({"client_id": cid, "chunk_size": self.chunk_size}).encode()
+
+    def _consent(self, request: bytes, context: grpc.ServicerContext) -> bytes:
+        if self.consent is None:
+            context.abort(grpc.StatusCode.UNIMPLEMENTED, "this server's task asks no consent")
+        if self.tokens is None:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, "consent is bound to a client's "
+                          "token, and this server has no transport.tokens")
+        cid = self._who(context, "")
+        try:
+            req = json.loads(request)
+            if not isinstance(req, dict):
+                raise TypeError("request is not a JSON object")
+            reply = self.consent(cid, req)  # type: ignore[misc]
+        except (ValueError, TypeError, KeyError) as e:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"Consent: {e}")
+            raise
+        log.info("consent %s by client %s", req.get("action"), cid)
+        return json.dumps(reply).encode()
 
     def _pull(self, request: bytes, context: grpc.ServicerContext) -> Iterator[bytes]:
         cid = self._who(context, json.loads(request).get("client_id", ""))
@@ -324,6 +348,7 @@ class GrpcClient:
         self.channel = open_channel(address, ca, chunk_size)
         self.address = address
         self._join = self.channel.unary_unary(f"/{SERVICE}/Join")
+        self._consent = self.channel.unary_unary(f"/{SERVICE}/Consent")
         self._pull = self.channel.unary_stream(f"/{SERVICE}/Pull")
         self._push = self.channel.stream_unary(f"/{SERVICE}/Push")
 
@@ -342,6 +367,15 @@ class GrpcClient:
         info = json.loads(reply)
         self.client_id = info["client_id"]
         return info
+
+    def consent(self, request: dict[str, Any]) -> dict[str, Any]:
+        """Grant, revoke or list this client's consent on the server (as its token's id)."""
+        try:
+            reply = self._consent(json.dumps(request).encode(), metadata=self.metadata,
+                                  wait_for_ready=True, timeout=self.connect_timeout)
+        except grpc.RpcError as e:
+            raise self._call_error(e, "--server: consent refused by") from None
+        return json.loads(reply)
 
     def serve(self, handle: Any, stop: threading.Event | None = None) -> int:
         """Run tasks until the server says to shut down; returns how many were run."""

@@ -53,7 +53,7 @@ def _init_worker(app_path: str, overrides: dict[str, Any], num_clients: int,
 
     torch.set_num_threads(1)  # one core per virtual client; the pool gives the parallelism
     spec = load_app(app_path, overrides)
-    _WORKER["clients"] = AppClients(spec, num_clients, state_dir)
+    _WORKER["clients"] = AppClients(spec, num_clients, state_dir, simulated=True)
 
 
 def _run_task(cid: str, payload: bytes) -> bytes:

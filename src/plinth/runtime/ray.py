@@ -1,0 +1,651 @@
+"""The Ray runtime: a job's workers run on the nodes of a Ray cluster, where the scheduler put them.
+
+The scheduler decides where; Ray only carries it out. Each attempt gets one placement group
+(named and detached, so it outlives this control plane) with one bundle per worker, each bundle
+pinned to the node the scheduler chose by Ray's `ray.io/node-id` label. Each worker is a named,
+detached actor in that bundle (`plinth-j{job}-a{attempt}-r{rank}`); the actor starts the worker
+through the same shim as the local runtime (plinth/runtime/shim.py), in its own session, with the
+gang environment of plinth.runtime.base.gang_env: MASTER_ADDR is rank 0's node. Ray reserves the
+GPU counts; the GPU indices the worker sees are the scheduler's, not the ones Ray would pick.
+
+One watcher thread serves the runtime. Each worker's actor has a pending `wait` call whose result
+is the exit code; the watcher collects finished calls with `ray.wait`, so an exit costs no
+polling, and a call that fails because the actor or its node died makes the worker lost. The
+watcher also enforces gang semantics, sends the SIGKILL that ends a stop's grace, reports new
+checkpoint markers (the checkpoint directory is storage that every node and the control plane
+share, as it must be for a job to resume elsewhere), and copies each worker's output from its
+node into the job's log file here.
+
+After a control-plane restart, `adopt` finds each worker's actor by name, checks by job, attempt,
+pid and start time that it is the same worker, and waits on it again. A worker that ended while
+no one watched is held by its actor with its exit code, until a control plane collects it.
+
+This module is the control plane's side; ray_worker.py is the actor on each node. Ray is
+imported only when a RayRuntime is made, so the rest of Plinth does not need it.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from plinth.core.errors import PlinthError
+from plinth.core.gpus import GPU_CATALOG
+from plinth.core.resources import MILLI, Node
+from plinth.job import CHECKPOINT_MARKER
+from plinth.runtime.base import EventKind, Handle, LaunchSpec, ProcRef, RuntimeEvent, gang_env
+from plinth.runtime.gpu import catalog_model
+from plinth.runtime.local import parse_marker
+from plinth.runtime.ray_worker import WorkerActor
+
+log = logging.getLogger(__name__)
+
+POLL_S = 0.05
+LOG_EVERY_S = 0.5  # how often a running worker's new output is copied here
+CALL_TIMEOUT_S = 30.0  # a call to an actor that takes longer means its node is gone
+PG_TIMEOUT_S = 30.0  # how long a placement group may take to be reserved
+MIB = 2**20
+NAMESPACE = "plinth"
+NODE_ID_LABEL = "ray.io/node-id"
+NAME_LABEL = "plinth-node"  # a node's name for the scheduler, if set (else ray-<id prefix>)
+RACK_LABEL = "rack"  # a node's rack: this label, or a custom resource "rack:NAME"
+RACK_RESOURCE = "rack:"
+ACCEL_RESOURCE = "accelerator_type:"  # Ray's GPU model resource, e.g. accelerator_type:A100
+# Every bundle reserves at least this much CPU: Ray refuses an empty bundle.
+MIN_BUNDLE_CPU = 0.01
+# A ProcRef's exit_file names the worker's actor: "ray:plinth-j7-a1-r0".
+ACTOR_REF = "ray:"
+ADOPTED_START_SLACK_S = 1.0  # as the local runtime's: process start times are coarse
+
+
+@dataclass(frozen=True, slots=True)
+class RayNode:
+    """A Ray node as the scheduler sees it, and where Ray knows it."""
+
+    node: Node
+    node_id: str
+    address: str
+
+
+@dataclass(slots=True)
+class _Worker:
+    rank: int
+    name: str  # of its actor
+    actor: object | None  # the actor handle; None: no actor found (adoption)
+    pid: int = 0
+    start_time: float = 0.0
+    wait_ref: object | None = None  # the pending `wait` call: its result is the exit code
+    log_ref: object | None = None  # a pending `take_log` call
+    log_at: float = 0.0  # monotonic time of the last log copy
+    done: bool = False
+    code: int | None = None  # once done: None means it vanished without an exit code
+    ended_at: float | None = None  # wall clock, from its actor
+    why: str = ""  # why it was lost, when it was
+    log_path: str = ""  # the job's log file, as its actor knows it (adoption)
+
+
+@dataclass(slots=True)
+class _Attempt:
+    job_id: int
+    attempt: int
+    workers: list[_Worker]
+    log_path: str
+    checkpoint_dir: str | None = None
+    launched_at: float = 0.0  # wall clock; an older marker is not this attempt's
+    ended: list[_Worker] = field(default_factory=list)  # in the order they were seen to end
+    kill_at: float | None = None  # monotonic time of the SIGKILL that ends a stop's grace
+    reason: str = ""
+    marker_seen: tuple[int, ...] | None = None
+    marker_last: tuple[int, float] | None = None
+
+
+class RayRuntime:
+    """Runs jobs on a Ray cluster; see plinth.runtime.base.Runtime for the contract."""
+
+    capabilities = frozenset({"checkpoint", "relaunch"})
+    isolation = "ray"
+
+    def __init__(self, address: str, *, notify: Callable[[], None] | None = None,
+                 gang_grace_s: float = 10.0, namespace: str = NAMESPACE) -> None:
+        self.ray = _connect(address, namespace)
+        self._owns_connection = self.ray is not None and _CONNECTED_BY_US[0]
+        self.namespace = namespace
+        self.gang_grace_s = gang_grace_s
+        self.problems: list[str] = []
+        self._notify = notify
+        self._actor_cls = self.ray.remote(WorkerActor)
+        self._nodes = self._read_nodes()
+        self._attempts: dict[tuple[int, int], _Attempt] = {}
+        self._events: list[RuntimeEvent] = []
+        self._lock = threading.Lock()
+        self._closed = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="plinth-ray-runtime",
+                                        daemon=True)
+        self._thread.start()
+
+    # ----------------------------------------------------------------- the protocol
+
+    def nodes(self) -> list[Node]:
+        self._nodes = self._read_nodes()
+        return [n.node for n in self._nodes.values()]
+
+    def launch(self, spec: LaunchSpec) -> Handle:
+        ray = self.ray
+        where = f"job {spec.job_id} attempt {spec.attempt}"
+        launched_at = time.time()
+        self._check(spec)
+        key = (spec.job_id, spec.attempt)
+        with self._lock:
+            if key in self._attempts:
+                raise PlinthError(f"{where}: already running")
+        try:  # made here, as the local runtime does, even if the job prints nothing
+            Path(spec.log_path).parent.mkdir(parents=True, exist_ok=True)
+            Path(spec.log_path).touch()
+        except OSError as e:
+            raise PlinthError(f"{where}: log_path: cannot create {spec.log_path}: "
+                              f"{e.strerror}") from None
+        ordered = sorted(spec.workers, key=lambda w: w.rank)
+        bundles = [_bundle(w.gpus, w.gpu_milli, w.cpus_milli, w.memory_mib) for w in ordered]
+        pg = ray.util.placement_group(
+            bundles, strategy="PACK", name=_pg_name(spec.job_id, spec.attempt),
+            lifetime="detached",
+            bundle_label_selector=[{NODE_ID_LABEL: self._nodes[w.node].node_id}
+                                   for w in ordered])
+        actors: list = []
+        try:
+            try:
+                ray.get(pg.ready(), timeout=PG_TIMEOUT_S)
+            except ray.exceptions.GetTimeoutError:
+                raise PlinthError(
+                    f"{where}: Ray could not reserve {bundles} on "
+                    f"{[w.node for w in ordered]} within {PG_TIMEOUT_S:g}s; the cluster's free "
+                    f"resources differ from the scheduler's view") from None
+            strategy = ray.util.scheduling_strategies.PlacementGroupSchedulingStrategy
+            for i, (w, b) in enumerate(zip(ordered, bundles, strict=True)):
+                actors.append(self._actor_cls.options(
+                    name=_actor_name(spec.job_id, spec.attempt, w.rank),
+                    namespace=self.namespace, lifetime="detached", max_restarts=0,
+                    max_concurrency=4, num_cpus=b["CPU"], num_gpus=b.get("GPU", 0),
+                    memory=b.get("memory"),
+                    scheduling_strategy=strategy(placement_group=pg,
+                                                 placement_group_bundle_index=i),
+                ).remote(spec.job_id, spec.attempt, w.rank))
+            # Every actor is up before any worker starts, so that a gang starts together.
+            (master_addr, master_port), *_ = ray.get([a.rendezvous.remote() for a in actors],
+                                                     timeout=CALL_TIMEOUT_S)
+            envs = gang_env(spec, master_addr=master_addr, master_port=master_port)
+            started = ray.get([a.start.remote(list(spec.command), {**spec.env, **envs[w.rank]},
+                                              spec.workdir, spec.log_path, w.memory_mib)
+                               for a, w in zip(actors, ordered, strict=True)],
+                              timeout=CALL_TIMEOUT_S)
+        except Exception as e:
+            # All or nothing: a started worker's session is killed before its actor is, since
+            # it runs on without it.
+            _end_actors(ray, actors)
+            ray.util.remove_placement_group(pg)
+            if isinstance(e, ray.exceptions.RayTaskError):  # raised on the node: say what
+                e = e.cause
+            elif isinstance(e, PlinthError):
+                raise
+            raise PlinthError(f"{where}: did not start on Ray: {_one_line(e)}") from None
+        workers = [_Worker(w.rank, _actor_name(spec.job_id, spec.attempt, w.rank), a, pid, st)
+                   for w, a, (pid, st) in zip(ordered, actors, started, strict=True)]
+        for wk in workers:
+            wk.wait_ref = wk.actor.wait.remote()  # type: ignore[attr-defined]
+            wk.log_at = time.monotonic()
+        with self._lock:
+            self._attempts[key] = _Attempt(spec.job_id, spec.attempt, workers, spec.log_path,
+                                           spec.checkpoint_dir, launched_at)
+        return Handle(spec.job_id, spec.attempt,
+                      tuple(ProcRef(w.pid, w.start_time, ACTOR_REF + w.name) for w in workers),
+                      spec.checkpoint_dir)
+
+    def stop(self, job_id: int, attempt: int, grace_s: float) -> None:
+        with self._lock:
+            att = self._attempts.get((job_id, attempt))
+            if att is not None:
+                self._stop(att, grace_s, f"stopped (SIGTERM, SIGKILL after {grace_s:g}s)")
+
+    def adopt(self, handle: Handle) -> bool:
+        key = (handle.job_id, handle.attempt)
+        with self._lock:
+            if key in self._attempts:
+                return True
+        workers = [self._adopt_worker(handle, rank, ref) for rank, ref in enumerate(handle.procs)]
+        started = min((ref.start_time for ref in handle.procs), default=0.0)
+        log_path = next((w.log_path for w in workers if w.log_path), "")
+        att = _Attempt(handle.job_id, handle.attempt, workers, log_path, handle.checkpoint_dir,
+                       started - ADOPTED_START_SLACK_S)
+        att.ended = [w for w in workers if w.done]
+        if all(w.done for w in workers):
+            end = self._final(att)
+            ends = [w.ended_at for w in workers if w.ended_at is not None]
+            end = RuntimeEvent(end.job_id, end.attempt, end.kind, end.exit_code, end.message,
+                               at=max(ends) if ends else None)
+            for wk in workers:
+                self._copy_log(att, wk, time.monotonic(), final=True)
+            self._emit([*self._checkpoints([att], final=True), end])
+            self._release(att)
+            return False
+        with self._lock:
+            self._attempts[key] = att
+            failed = next((w for w in att.ended if w.code != 0), None)
+            if failed is not None:  # gang semantics hold across a restart too
+                self._stop(att, self.gang_grace_s, f"rank {failed.rank} {_what(failed)}; "
+                                                   "the other workers were stopped")
+        return True
+
+    def poll(self) -> list[RuntimeEvent]:
+        with self._lock:
+            events, self._events = self._events, []
+        return events
+
+    def close(self) -> None:
+        """Stop watching; running workers keep running under their detached actors."""
+        self._closed.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join()
+        if self._owns_connection:
+            self.ray.shutdown()
+            _CONNECTED_BY_US[0] = False
+
+    # ----------------------------------------------------------------- extras
+
+    def describe(self) -> str:
+        lines = []
+        for n in self._nodes.values():
+            m = n.node
+            gpus = f"{m.num_gpus}x{m.gpu_model}" if m.num_gpus else "no GPUs"
+            lines.append(f"{m.name} ({n.address}, {m.rack}): {m.cpus_milli / MILLI:g} CPUs, "
+                         f"{m.memory_mib} MiB, {gpus}")
+        return "\n".join(lines + self.problems)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed.is_set()
+
+    def running(self) -> list[tuple[int, int]]:
+        with self._lock:
+            return sorted(self._attempts)
+
+    # ----------------------------------------------------------------- nodes and launching
+
+    def _read_nodes(self) -> dict[str, RayNode]:
+        nodes = [ray_node(n) for n in self.ray.nodes() if n.get("Alive")]
+        return {n.node.name: n for n in sorted(nodes, key=lambda n: n.node.name)}
+
+    def _check(self, spec: LaunchSpec) -> None:
+        where = f"job {spec.job_id} attempt {spec.attempt}"
+        if self._closed.is_set():
+            raise PlinthError(f"{where}: the runtime is closed")
+        if not spec.command:
+            raise PlinthError(f"{where}: command is empty")
+        if not spec.workers:
+            raise PlinthError(f"{where}: workers is empty")
+        ranks = sorted(w.rank for w in spec.workers)
+        if ranks != list(range(len(ranks))):
+            raise PlinthError(f"{where}: workers: ranks must be 0..{len(ranks) - 1}, got {ranks}")
+        if spec.run_as is not None:
+            raise PlinthError(f"{where}: run_as: the Ray runtime runs every job as the Ray "
+                              f"cluster's user, not as {spec.run_as!r}")
+        if any(w.node not in self._nodes for w in spec.workers):
+            self._nodes = self._read_nodes()  # a node may have joined since
+        for w in spec.workers:
+            at = f"{where}: workers[{w.rank}]"
+            node = self._nodes.get(w.node)
+            if node is None:
+                names = ", ".join(map(repr, self._nodes))
+                raise PlinthError(f"{at}.node: {w.node!r} is not a live Ray node ({names})")
+            bad = [g for g in w.gpus if not 0 <= g < node.node.num_gpus]
+            if bad:
+                raise PlinthError(f"{at}.gpus: no GPU {bad[0]} on {w.node} "
+                                  f"({node.node.num_gpus} GPUs)")
+            if w.gpus and not 0 < w.gpu_milli <= MILLI:
+                raise PlinthError(f"{at}.gpu_milli: must be in 1..1000, got {w.gpu_milli}")
+            if w.gpus and w.gpu_milli < MILLI and len(w.gpus) != 1:
+                raise PlinthError(f"{at}.gpus: a fractional share (gpu_milli={w.gpu_milli}) "
+                                  f"needs exactly one GPU, got {list(w.gpus)}")
+
+    # ----------------------------------------------------------------- adoption
+
+    def _adopt_worker(self, handle: Handle, rank: int, ref: ProcRef) -> _Worker:
+        name = ref.exit_file.removeprefix(ACTOR_REF)
+        wk = _Worker(rank, name, None, ref.pid, ref.start_time)
+        try:
+            actor = self.ray.get_actor(name, namespace=self.namespace)
+            info = self.ray.get(actor.info.remote(), timeout=CALL_TIMEOUT_S)
+        except (ValueError, self.ray.exceptions.RayError) as e:
+            wk.done, wk.why = True, f"its actor {name} is gone ({_one_line(e)})"
+            return wk
+        if info["id"] != (handle.job_id, handle.attempt, rank, ref.pid, ref.start_time):
+            wk.done, wk.why = True, f"actor {name} runs another worker ({info['id']})"
+            return wk
+        wk.actor, wk.log_path = actor, info["log_path"]
+        if info["code"] is not None or info["ended_at"] is not None:  # ended while down
+            wk.done, wk.code, wk.ended_at = True, info["code"], info["ended_at"]
+            if wk.code is None:
+                wk.why = "it vanished while no control plane watched"
+        else:
+            wk.wait_ref = actor.wait.remote()
+            wk.log_at = time.monotonic()
+        return wk
+
+    # ----------------------------------------------------------------- watching
+
+    def _watch(self) -> None:
+        while not self._closed.wait(POLL_S):
+            try:
+                self._tick()
+            except Exception as e:  # the watcher must outlive one bad tick; the error is shown
+                log.exception("ray runtime watcher")
+                self._problem(f"watcher error: {e!r}")
+
+    def _problem(self, msg: str) -> None:
+        if msg not in self.problems[-1:]:
+            self.problems[:] = [*self.problems[-19:], msg]
+
+    def _tick(self) -> None:
+        ray = self.ray
+        with self._lock:
+            atts = list(self._attempts.values())
+        refs = [w.wait_ref for a in atts for w in a.workers if w.wait_ref is not None]
+        ready = set(ray.wait(refs, num_returns=len(refs), timeout=0)[0]) if refs else set()
+        now = time.monotonic()
+        events, watched, ending = [], [], []
+        for att in atts:
+            for wk in att.workers:
+                if wk.wait_ref is not None and wk.wait_ref in ready:
+                    self._collect(wk)
+                    with self._lock:
+                        att.ended.append(wk)
+                        others = any(not o.done for o in att.workers)
+                        if wk.code != 0 and others and not att.reason:
+                            self._stop(att, self.gang_grace_s, f"rank {wk.rank} {_what(wk)}; "
+                                                               "the other workers were stopped")
+                elif not wk.done and now - wk.log_at >= LOG_EVERY_S:
+                    self._copy_log(att, wk, now)
+            with self._lock:
+                if att.kill_at is not None and now >= att.kill_at:
+                    att.kill_at = None
+                    for wk in att.workers:
+                        if not wk.done:
+                            self._signal(wk, signal.SIGKILL)
+                if all(wk.done for wk in att.workers):
+                    del self._attempts[(att.job_id, att.attempt)]
+                    events.append(self._final(att))
+                    ending.append(att)
+                else:
+                    watched.append(att)
+        for att in ending:
+            for wk in att.workers:
+                self._copy_log(att, wk, now, final=True)
+            self._release(att)
+        self._emit(self._checkpoints(watched) + self._checkpoints(ending, final=True) + events)
+
+    def _collect(self, wk: _Worker) -> None:
+        """The result of a finished `wait`: the exit code, or lost if the actor died."""
+        ray = self.ray
+        try:
+            wk.code, wk.ended_at = ray.get(wk.wait_ref)
+        except ray.exceptions.RayError as e:  # the actor, its worker process or its node died
+            wk.code, wk.why = None, f"its actor {wk.name} died ({_one_line(e)})"
+            wk.actor = None
+        if wk.code is None and not wk.why:
+            wk.why = "it ended without leaving an exit code"
+        wk.done, wk.wait_ref = True, None
+
+    def _copy_log(self, att: _Attempt, wk: _Worker, now: float, *, final: bool = False) -> None:
+        """Append the worker's new output to the job's log file; at the end, all of it."""
+        ray = self.ray
+        wk.log_at = now
+        if wk.actor is None or not att.log_path:
+            return
+        if wk.log_ref is not None:
+            if not final and not ray.wait([wk.log_ref], timeout=0)[0]:
+                return  # the previous copy is still on its way
+            self._write_log(att, wk, wk.log_ref)
+            wk.log_ref = None
+        if not final:
+            wk.log_ref = wk.actor.take_log.remote()  # type: ignore[attr-defined]
+            return
+        while self._write_log(att, wk, wk.actor.take_log.remote()):  # type: ignore[attr-defined]
+            pass
+
+    def _write_log(self, att: _Attempt, wk: _Worker, ref) -> int:
+        try:
+            chunk = self.ray.get(ref, timeout=CALL_TIMEOUT_S)
+        except self.ray.exceptions.RayError as e:
+            self._problem(f"job {att.job_id} attempt {att.attempt} rank {wk.rank}: its output "
+                          f"could not be fetched: {_one_line(e)}")
+            return 0
+        if chunk:
+            try:
+                with open(att.log_path, "ab") as f:
+                    f.write(chunk)
+            except OSError as e:
+                self._problem(f"job {att.job_id}: log {att.log_path}: {e.strerror}")
+                return 0
+        return len(chunk)
+
+    def _stop(self, att: _Attempt, grace_s: float, reason: str) -> None:
+        att.reason = att.reason or reason
+        sig = signal.SIGTERM if grace_s > 0 else signal.SIGKILL
+        for wk in att.workers:
+            if not wk.done:
+                self._signal(wk, sig)
+        deadline = time.monotonic() + grace_s
+        if sig == signal.SIGTERM and (att.kill_at is None or deadline < att.kill_at):
+            att.kill_at = deadline
+
+    def _signal(self, wk: _Worker, sig: int) -> None:
+        """Send `sig` to the worker through its actor, without waiting for the answer: a dead
+        actor shows as the worker lost, through its `wait`."""
+        if wk.actor is not None:
+            wk.actor.signal.remote(int(sig))  # type: ignore[attr-defined]
+
+    def _final(self, att: _Attempt) -> RuntimeEvent:
+        lost = [w for w in att.ended if w.code is None]
+        if lost:
+            return RuntimeEvent(att.job_id, att.attempt, EventKind.LOST, None,
+                                f"rank {lost[0].rank}: {lost[0].why}")
+        code = next((w.code for w in att.ended if w.code), 0)
+        return RuntimeEvent(att.job_id, att.attempt, EventKind.EXITED, code, att.reason)
+
+    def _release(self, att: _Attempt) -> None:
+        """End the attempt's actors and free its placement group."""
+        ray = self.ray
+        _end_actors(ray, [wk.actor for wk in att.workers if wk.actor is not None])
+        for wk in att.workers:
+            wk.actor = None
+        try:
+            pg = ray.util.get_placement_group(_pg_name(att.job_id, att.attempt))
+        except ValueError:
+            return
+        ray.util.remove_placement_group(pg)
+
+    def _checkpoints(self, atts: list[_Attempt], *, final: bool = False) -> list[RuntimeEvent]:
+        events = []
+        for att in atts:
+            if not att.checkpoint_dir:
+                continue
+            if final:
+                att.marker_seen = None
+            ev = self._checkpoint(att)
+            if ev is not None:
+                events.append(ev)
+        return events
+
+    def _checkpoint(self, att: _Attempt) -> RuntimeEvent | None:
+        """A CHECKPOINTED event if the attempt's marker is new and its own (as the local
+        runtime: by inode, mtime and size first, then its content)."""
+        path = os.path.join(att.checkpoint_dir, CHECKPOINT_MARKER)  # type: ignore[arg-type]
+        try:
+            st = os.stat(path)
+            seen = (st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_size)
+            if seen == att.marker_seen:
+                return None
+            att.marker_seen = seen
+            with open(path, "rb") as f:
+                step, attempt, at = parse_marker(f.read(4097))
+        except FileNotFoundError:
+            att.marker_seen = None
+            return None
+        except (OSError, ValueError) as e:
+            self._problem(f"job {att.job_id} attempt {att.attempt}: checkpoint marker {path}: "
+                          f"{e}; ignored")
+            return None
+        if attempt != att.attempt or at < att.launched_at or (step, at) == att.marker_last:
+            return None  # an earlier attempt's, or the same save seen again
+        att.marker_last = (step, at)
+        return RuntimeEvent(att.job_id, att.attempt, EventKind.CHECKPOINTED,
+                            message=f"checkpoint at step {step}", step=step, at=at)
+
+    def _emit(self, events: list[RuntimeEvent]) -> None:
+        if not events:
+            return
+        with self._lock:
+            self._events.extend(events)
+        if self._notify is not None:
+            self._notify()
+
+
+# --------------------------------------------------------------------- helpers
+
+_CONNECTED_BY_US = [False]  # whether this process's Ray connection was made by a RayRuntime
+
+
+def _connect(address: str, namespace: str):
+    """Ray, connected to the cluster at `address` (HOST:PORT or auto); one-line errors."""
+    host = address.rsplit(":", 1)[0] if address != "auto" else ""
+    if host and _is_loopback(host):
+        # Ray turns a loopback address into this machine's outside address before it connects,
+        # where a cluster bound to 127.0.0.1 does not listen; this (documented) switch keeps it.
+        # It is read when Ray is first imported.
+        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    try:
+        import ray
+        import ray.util.scheduling_strategies
+    except ImportError:
+        raise PlinthError("--runtime ray: Ray is not installed; pip install 'ray[default]'") \
+            from None
+    if ray.is_initialized():
+        return ray
+    if host and _is_loopback(host) and ray._private.ray_constants.ENABLE_RAY_CLUSTER:
+        raise PlinthError(f"--ray-address {address}: Ray was imported before the loopback "
+                          "switch was set; set RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 first")
+    if address != "auto":
+        _probe(address)
+    try:
+        ray.init(address=address, namespace=namespace, log_to_driver=False,
+                 logging_level=logging.WARNING, include_dashboard=False)
+    except (ConnectionError, RuntimeError, ValueError) as e:
+        raise PlinthError(f"--ray-address {address}: cannot join the Ray cluster: "
+                          f"{_one_line(e)}") from None
+    _CONNECTED_BY_US[0] = True
+    return ray
+
+
+def _probe(address: str) -> None:
+    """Fail at once, in one line, when nothing listens at `address` (Ray itself retries for
+    a minute, then prints a page)."""
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise PlinthError(f"--ray-address: expected HOST:PORT or auto, got {address!r}")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=5).close()
+    except OSError as e:
+        raise PlinthError(f"--ray-address {address}: cannot reach the Ray head: "
+                          f"{e.strerror or e}") from None
+
+
+def ray_node(n: dict) -> RayNode:
+    """A Ray node (an entry of ray.nodes()) as the scheduler's Node: its name from the
+    plinth-node label, else ray-<id prefix>; its GPUs and model from Ray's GPU and
+    accelerator_type resources; its rack from the rack label or a rack:NAME resource."""
+    res, labels = n.get("Resources", {}), n.get("Labels") or {}
+    name = labels.get(NAME_LABEL) or f"ray-{n['NodeID'][:8]}"
+    gpus = int(res.get("GPU", 0))
+    accel = next((k[len(ACCEL_RESOURCE):] for k in res if k.startswith(ACCEL_RESOURCE)), None)
+    accel = labels.get("ray.io/accelerator-type") or accel
+    model = None
+    if gpus:  # a catalog name as it is (A100), else the nearest catalog model
+        model = accel if accel in GPU_CATALOG else catalog_model(accel or "", 0)[0]
+    racks = [k[len(RACK_RESOURCE):] for k in res if k.startswith(RACK_RESOURCE)]
+    rack = labels.get(RACK_LABEL) or (racks[0] if racks else "rack-0")
+    node = Node(name, int(res.get("CPU", 0) * MILLI), int(res.get("memory", 0) // MIB), model,
+                gpus, rack, tuple(sorted(labels.items())))
+    return RayNode(node, n["NodeID"], n.get("NodeManagerAddress", ""))
+
+
+def _bundle(gpus: tuple[int, ...], gpu_milli: int, cpus_milli: int, memory_mib: int
+            ) -> dict[str, float]:
+    """What Ray reserves for one worker: its GPUs (a fraction for a share), CPUs, memory."""
+    b: dict[str, float] = {"CPU": max(cpus_milli / MILLI, MIN_BUNDLE_CPU)}
+    if gpus:
+        b["GPU"] = len(gpus) * gpu_milli / MILLI
+    if memory_mib:
+        b["memory"] = float(memory_mib * MIB)
+    return b
+
+
+def _end_actors(ray, actors: list) -> None:
+    """Close each actor (its worker killed, its files removed), then end it. A worker runs in a
+    session of its own, so it would outlive an actor ended without closing."""
+    # A call to an actor that died fails and counts as done; Ray ends what its process left.
+    refs = [a.close.remote() for a in actors]
+    if refs:
+        ray.wait(refs, num_returns=len(refs), timeout=CALL_TIMEOUT_S)
+    for a in actors:
+        try:
+            ray.kill(a)
+        except ray.exceptions.RayError:
+            pass
+
+
+def _actor_name(job_id: int, attempt: int, rank: int) -> str:
+    return f"plinth-j{job_id}-a{attempt}-r{rank}"
+
+
+def _pg_name(job_id: int, attempt: int) -> str:
+    return f"plinth-j{job_id}-a{attempt}"
+
+
+def _what(wk: _Worker) -> str:
+    return "vanished" if wk.code is None else f"exited with {wk.code}"
+
+
+def _one_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return (text[-1] if text else type(e).__name__)[:300]
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def make_ray_runtime(address: str | None, *, fake_gpus: str | None = None,
+                     notify: Callable[[], None] | None = None) -> RayRuntime:
+    """The runtime `plinth up --runtime ray` runs on, refusing bad options in one line."""
+    if not address:
+        raise PlinthError("--runtime ray: give the Ray head with --ray-address HOST:PORT "
+                          "(or auto)")
+    if fake_gpus:
+        raise PlinthError("--fake-gpus: the Ray runtime takes its GPUs from the Ray cluster; "
+                          "declare fake ones there (ray start --num-gpus)")
+    rt = RayRuntime(address, notify=notify)
+    if not any(n.num_gpus for n in rt.nodes()):
+        rt.close()
+        raise PlinthError(f"--ray-address {address}: the Ray cluster has no GPUs (no node "
+                          f"offers the GPU resource)")
+    return rt

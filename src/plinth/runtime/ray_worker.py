@@ -1,0 +1,148 @@
+"""The node side of the Ray runtime (plinth.runtime.ray): the actor that runs one worker.
+
+RayRuntime makes WorkerActor a Ray actor (named and detached) in the worker's bundle of its
+attempt's placement group, so it runs on the node the scheduler chose and outlives the control
+plane that made it. It starts the worker through the local runtime's shim (plinth/runtime/shim.py)
+in a session of its own, waits for it, relays signals to it, and keeps its output until the
+control plane takes it. Only the standard library, psutil and Plinth are imported at the top:
+the module is imported in every Ray worker process that hosts an actor.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import psutil
+
+from plinth.core.errors import PlinthError
+from plinth.runtime import shim
+from plinth.runtime.local import INHERITED_ENV, _killpg
+
+LOG_CHUNK = 1 << 20  # most bytes one `take_log` returns
+SHIM = str(Path(shim.__file__).resolve())
+
+
+class WorkerActor:
+    """One worker of an attempt, on the node of its bundle: it starts the worker's shim in a
+    session of its own, waits for it, relays signals to it, and keeps its output until the
+    control plane takes it. Made a Ray actor by RayRuntime (ray.remote), named and detached, so
+    that it outlives the control plane that made it."""
+
+    def __init__(self, job_id: int, attempt: int, rank: int) -> None:
+        self.key = (job_id, attempt, rank)
+        self.popen: subprocess.Popen | None = None
+        self.start_time = 0.0
+        self.killed = False
+        self.result: tuple[int | None, float] | None = None  # (exit code, wall time of the end)
+        self.dir = Path(tempfile.mkdtemp(prefix=f"plinth-j{job_id}-a{attempt}-r{rank}-"))
+        self.log_file = self.dir / "output.log"
+        self.sent = 0  # bytes of the output already taken
+        self.log_path = ""
+        self.lock = threading.Lock()
+
+    def rendezvous(self) -> tuple[str, int]:
+        """This node's address and a port free on it now, for MASTER_ADDR and MASTER_PORT."""
+        import ray
+
+        host = ray.util.get_node_ip_address()
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind((host, 0))
+            return host, int(s.getsockname()[1])
+
+    def start(self, command: list[str], env: dict[str, str], workdir: str | None,
+              log_path: str, memory_mib: int) -> tuple[int, float]:
+        """Start the shim running `command`; (pid, start time). Raises if it cannot run.
+        `log_path` is the control plane's log file for the job (kept for an adopter)."""
+        self.log_path = log_path
+        full = {k: os.environ[k] for k in INHERITED_ENV if k in os.environ}
+        full["PYTHONUNBUFFERED"] = "1"
+        full.update(env)
+        exe = command[0]
+        if "/" in exe:
+            found = os.access(Path(workdir or ".") / exe, os.X_OK)
+        else:
+            found = shutil.which(exe, path=full.get("PATH", os.defpath)) is not None
+        if not found:
+            raise PlinthError(f"command[0]: {exe!r} is not an executable on "
+                              f"{socket.gethostname()}")
+        if workdir and not Path(workdir).is_dir():
+            raise PlinthError(f"workdir: {workdir!r} is not a directory on "
+                              f"{socket.gethostname()}")
+        # As in the local runtime: the shim starts with SIGTERM blocked and unblocks it once its
+        # handler is in place, so an early stop is not lost.
+        limits = ["--memory-mib", str(memory_mib)] if memory_mib else []
+        # The shim's exit file is not read: the shim exits with the same code.
+        argv = [sys.executable, "-I", SHIM, *limits, str(self.dir / "exit"), "--", *command]
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, shim.RELAYED)
+        try:
+            with open(self.log_file, "ab") as out:
+                self.popen = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out,
+                                              stderr=subprocess.STDOUT, env=full, cwd=workdir,
+                                              start_new_session=True)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        self.start_time = psutil.Process(self.popen.pid).create_time()
+        return self.popen.pid, self.start_time
+
+    def info(self) -> dict:
+        """Who this is (job, attempt, rank, pid, start time) and how it ended, if it has."""
+        pid = self.popen.pid if self.popen else 0
+        code, at = self.result if self.result else (None, None)
+        return {"id": (*self.key, pid, self.start_time), "code": code, "ended_at": at,
+                "log_path": self.log_path}
+
+    def wait(self) -> tuple[int | None, float]:
+        """Block until the worker ends; (its exit code, or None if it vanished; when)."""
+        with self.lock:
+            if self.result is None:
+                pid = self.popen.pid  # type: ignore[union-attr]
+                # Not reaped yet, so its group id cannot be reused: sweep what it left running.
+                os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
+                _killpg(pid, signal.SIGKILL)
+                rc = self.popen.wait()  # type: ignore[union-attr]
+                # A shim killed by a signal we did not send left no exit code: lost.
+                code = rc if rc >= 0 else (128 - rc if self.killed else None)
+                self.result = (code, time.time())
+            return self.result
+
+    def signal(self, sig: int) -> None:
+        """SIGTERM to the shim (it relays it to its group once), SIGKILL to the whole group."""
+        if self.popen is None or self.result is not None:
+            return
+        if sig == signal.SIGKILL:
+            self.killed = True
+            _killpg(self.popen.pid, sig)
+        else:
+            try:
+                os.kill(self.popen.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def close(self) -> None:
+        """Kill what still runs of the worker and remove its output: the actor ends next."""
+        if self.popen is not None and self.result is None:
+            self.signal(signal.SIGKILL)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def take_log(self) -> bytes:
+        """Output not taken yet, up to LOG_CHUNK bytes."""
+        try:
+            with open(self.log_file, "rb") as f:
+                f.seek(self.sent)
+                chunk = f.read(LOG_CHUNK)
+        except FileNotFoundError:
+            return b""
+        self.sent += len(chunk)
+        if not chunk and self.result is not None:  # all of it taken: nothing more will come
+            shutil.rmtree(self.dir, ignore_errors=True)
+        return chunk
+

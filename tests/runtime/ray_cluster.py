@@ -1,0 +1,103 @@
+"""A real 2-node Ray cluster on 127.0.0.1 for the `ray` tests (and bench/ray_launch.py).
+
+Both nodes run on this machine (ray.cluster_utils.Cluster: `ray start --address` refuses a
+worker on loopback), each with every port set explicitly, its own fake GPU count, a rack (label
+and custom resource), a plinth-node label that names it for the scheduler, and a small object
+store. At the end Ray is shut down and every process it started is ended by pid.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+
+# Ray turns 127.0.0.1 into this machine's outside address unless told not to; read when Ray is
+# first imported, so set before.
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+
+import psutil
+
+from plinth.core.net import free_port
+
+OBJECT_STORE_BYTES = 200 * 2**20  # the machine has 24 GiB and 2 cores shared with others
+WORKER_PORTS = 24  # Ray worker processes a node may run at once (one per actor)
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    name: str
+    gpus: int
+    cpus: int
+    rack: str
+    model: str = "A100"
+
+
+HEAD = NodeSpec("ray-head", gpus=4, cpus=4, rack="r0")
+WORKER = NodeSpec("ray-worker", gpus=2, cpus=4, rack="r1")
+
+
+def _node_args(n: NodeSpec, tmp: str) -> dict:
+    ports = {k: free_port() for k in ("node_manager_port", "object_manager_port",
+                                      "metrics_export_port", "metrics_agent_port",
+                                      "dashboard_agent_listen_port", "runtime_env_agent_port")}
+    return dict(node_ip_address="127.0.0.1", num_cpus=n.cpus, num_gpus=n.gpus,
+                resources={f"rack:{n.rack}": 1, f"accelerator_type:{n.model}": 1},
+                labels={"plinth-node": n.name, "rack": n.rack},
+                object_store_memory=OBJECT_STORE_BYTES, temp_dir=tmp,
+                worker_port_list=",".join(str(free_port()) for _ in range(WORKER_PORTS)),
+                **ports)
+
+
+class LocalRayCluster:
+    """Head and worker node, up until `shutdown`."""
+
+    def __init__(self, nodes: tuple[NodeSpec, ...] = (HEAD, WORKER)) -> None:
+        from ray.cluster_utils import Cluster
+
+        # Short: Ray's socket paths under it must fit in 107 bytes.
+        self.tmp = tempfile.mkdtemp(prefix="plray-", dir="/tmp")
+        head = _node_args(nodes[0], self.tmp)
+        head.update(gcs_server_port=free_port(), ray_client_server_port=free_port(),
+                    include_dashboard=False)
+        self.cluster = Cluster(initialize_head=True, head_node_args=head,
+                               shutdown_at_exit=True)
+        for n in nodes[1:]:
+            self.cluster.add_node(**_node_args(n, self.tmp))
+        self.cluster.wait_for_nodes()
+        self.address = self.cluster.address
+        self.nodes = nodes
+
+    def pids(self) -> set[int]:
+        """Every process of the cluster: this process's descendants that Ray started."""
+        out = set()
+        for p in psutil.Process().children(recursive=True):
+            try:
+                if self.tmp in " ".join(p.cmdline()) or p.name() in ("raylet", "gcs_server"):
+                    out.add(p.pid)
+            except psutil.Error:
+                pass
+        return out
+
+    def shutdown(self) -> None:
+        import ray
+
+        pids = self.pids()
+        if ray.is_initialized():
+            ray.shutdown()
+        self.cluster.shutdown()
+        for pid in pids:  # whatever Cluster.shutdown left, by pid
+            try:
+                psutil.Process(pid).kill()
+            except psutil.Error:
+                pass
+        psutil.wait_procs([p for p in map(_proc, pids) if p], timeout=10)
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def _proc(pid: int) -> psutil.Process | None:
+    try:
+        return psutil.Process(pid)
+    except psutil.Error:
+        return None

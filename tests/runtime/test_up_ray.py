@@ -1,0 +1,63 @@
+"""`plinth up --runtime ray` end to end, on the real 2-node Ray cluster on 127.0.0.1: the example
+gang trains over gloo under Ray actors, and a job survives kill -9 of the control plane."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+
+import pytest
+from conftest import EXAMPLES, PY, wait_for
+
+from plinth.cli.quickstart import kill_jobs, start_server, stop_server
+from plinth.client import Client
+from plinth.core.net import free_port
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+
+
+@pytest.fixture
+def up(ray_cluster, tmp_path):
+    """`plinth up --runtime ray` on tmp_path/home: (url, token, servers started, start)."""
+    home, port = tmp_path / "home", free_port()
+    procs: list[subprocess.Popen] = []
+
+    def start() -> None:
+        procs.append(start_server(home, port, "--runtime", "ray", "--ray-address",
+                                  ray_cluster.address, "--grace", "2", "--min-runtime", "0"))
+
+    start()
+    yield f"http://127.0.0.1:{port}", (home / "token").read_text().strip(), procs, start
+    for p in procs:
+        stop_server(p)
+    kill_jobs(home)
+
+
+def test_the_example_gang_runs_on_ray(up):
+    url, token, _, _ = up
+    r = subprocess.run([PY, "-m", "plinth.cli.main", "submit", str(EXAMPLES / "gang.yaml"),
+                        "--wait", "--server", url, "--token", token],
+                       check=False, capture_output=True, text=True, timeout=300)
+    with Client(url, token) as c:
+        (job,) = [j for j in c.jobs(all=True) if j["name"] == "gang-ddp"]
+        log = c.logs(job["id"])
+    assert r.returncode == 0, r.stdout + r.stderr + log[-3000:]
+    assert "=== plinth: attempt 1" in log and "on ray-" in log, log[-3000:]
+
+
+def test_a_running_job_is_adopted_after_kill_9_and_cancelled(up):
+    url, token, procs, start = up
+    with Client(url, token) as c:
+        job = c.submit({"kind": "Job", "name": "sleeper",
+                        "command": ["sh", "-c", "echo up; exec sleep 600"],
+                        "resources": {"cpus": 0.1, "memory": 64, "gpus": 1}})
+        # Its output has come back from its actor: the launch has returned and is recorded.
+        wait_for(lambda: "up\n" in c.logs(job), "the job to run", timeout=120)
+        time.sleep(1)  # the store's group commit
+    stop_server(procs[-1], signal.SIGKILL)
+    start()  # adopts the job through its named actor
+    with Client(url, token) as c:
+        assert c.job(job)["state"] == "running"
+        c.cancel(job)
+        assert c.wait(job, timeout=120) == "cancelled"
