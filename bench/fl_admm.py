@@ -36,7 +36,7 @@ def errors_per_iteration(v: int, d: int, seed: int) -> list[float]:
     rng = np.random.default_rng(seed)
     w = rng.normal(0, 0.1, (v, d))
     n = rng.integers(100, 3000, v)
-    rep, _ = run_admm_processes(w, n.tolist(), seed=seed, timeout=120)
+    rep, _ = run_admm_processes(w, n.tolist(), timeout=120)
     return rep.errors
 
 
@@ -55,7 +55,7 @@ def _site_job(ex, report, x, y, shape, pi, rounds, seed):
     w = np.zeros(shape)
     for r in range(rounds):
         local = local_sgd(w, x, y, rng)
-        site = Site(ex.me, local.ravel(), pi, np.random.default_rng([seed, ex.me, r, 7]), config)
+        site = Site(ex.me, local.ravel(), pi, config)  # secret randomness: the OS CSPRNG
         w = site_loop(site, design, config.num_iterations(v), ex)[-1].reshape(shape)
         report((r, local.ravel(), w.ravel() if ex.me == 0 else None))
 
