@@ -27,9 +27,7 @@ GPUs; a worker's GPU indices are local to its node and mapped to the machine's n
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
-import math
 import os
 import pwd
 import shutil
@@ -47,7 +45,6 @@ import psutil
 from plinth.core.errors import PlinthError
 from plinth.core.net import free_port
 from plinth.core.resources import MILLI, Node
-from plinth.job import CHECKPOINT_MARKER
 from plinth.runtime import shim
 from plinth.runtime.base import (
     EventKind,
@@ -61,6 +58,7 @@ from plinth.runtime.base import (
 from plinth.runtime.gpu import GpuInfo, MpsManager, discover_gpus
 from plinth.runtime.gpu import fake_gpus as make_fake_gpus
 from plinth.runtime.limits import Limiter, WorkerLimits
+from plinth.runtime.watch import EventQueue, checkpoint_events
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +68,6 @@ SHIM = str(Path(shim.__file__).resolve())
 SETPRIV = shutil.which("setpriv")  # drops to a tenant's user (run_as)
 START_TIME_TOLERANCE_S = 0.001
 # A marker is a few dozen bytes; anything much larger is not one of ours and is not read.
-MARKER_MAX_BYTES = 4096
 # An adopted attempt's launch time is known only from the kernel's process start times, which
 # psutil derives from a boot time in whole seconds.
 ADOPTED_START_SLACK_S = 1.0
@@ -116,7 +113,7 @@ class _LocalNode:
     gpus: tuple[int, ...]  # the machine's GPU indices, in the node's local order
 
 
-class LocalRuntime:
+class LocalRuntime(EventQueue):
     """Runs jobs as processes on this machine; see plinth.runtime.base.Runtime for the contract."""
 
     # A stop is SIGTERM (the job SDK's should_stop: save, then exit) and every attempt may
@@ -138,10 +135,8 @@ class LocalRuntime:
         self._limiter = Limiter(cgroup_parent=cgroup_parent)
         self.isolation = self._limiter.mechanism  # "cgroup2" or "rlimit"
         self.problems: list[str] = []  # errors met by the watcher, shown by describe()
-        self._notify = notify
+        EventQueue.__init__(self, notify)
         self._attempts: dict[tuple[int, int], _Attempt] = {}
-        self._events: list[RuntimeEvent] = []
-        self._lock = threading.Lock()
         self._closed = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="plinth-local-runtime",
                                         daemon=True)
@@ -234,11 +229,6 @@ class LocalRuntime:
                 self._stop(att, self.gang_grace_s,
                            f"rank {failed.rank} {what}; the other workers were stopped")
         return True
-
-    def poll(self) -> list[RuntimeEvent]:
-        with self._lock:
-            events, self._events = self._events, []
-        return events
 
     def close(self) -> None:
         self._closed.set()
@@ -446,63 +436,7 @@ class LocalRuntime:
         self._emit(self._checkpoints(watched) + self._checkpoints(ending, final=True) + events)
 
     def _checkpoints(self, atts: list[_Attempt], *, final: bool = False) -> list[RuntimeEvent]:
-        """New markers of `atts`. `final`: the attempts have ended, so each marker is read even
-        if it looks unchanged: a last save could hide behind a reused inode and a coarse mtime."""
-        events = []
-        for att in atts:
-            if not att.checkpoint_dir:
-                continue
-            if final:
-                att.marker_seen = None
-            try:
-                ev = self._checkpoint(att)
-            except Exception as e:  # an attempt that just ended must still get its end event
-                log.exception("local runtime: checkpoint marker")
-                self._problem(f"job {att.job_id} attempt {att.attempt}: checkpoint marker: {e!r}")
-                continue
-            if ev is not None:
-                events.append(ev)
-        return events
-
-    def _checkpoint(self, att: _Attempt) -> RuntimeEvent | None:
-        """A CHECKPOINTED event if the attempt's marker is new and its own, else None."""
-        path = os.path.join(att.checkpoint_dir, CHECKPOINT_MARKER)  # type: ignore[arg-type]
-        where = f"job {att.job_id} attempt {att.attempt}: checkpoint marker {path}"
-        try:
-            st = os.stat(path)
-        except FileNotFoundError:
-            return None
-        except OSError as e:
-            self._problem(f"{where}: cannot stat: {e.strerror}")
-            return None
-        seen = (st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_size)
-        if seen == att.marker_seen:
-            return None
-        att.marker_seen = seen
-        if st.st_size > MARKER_MAX_BYTES:
-            self._problem(f"{where}: {st.st_size} bytes, more than a marker's "
-                          f"{MARKER_MAX_BYTES}; ignored")
-            return None
-        try:
-            with open(path, "rb") as f:
-                raw = f.read(MARKER_MAX_BYTES + 1)
-        except OSError as e:  # replaced or removed since the stat: the next tick looks again
-            att.marker_seen = None
-            if not isinstance(e, FileNotFoundError):
-                self._problem(f"{where}: cannot read: {e.strerror}")
-            return None
-        try:
-            step, attempt, at = parse_marker(raw)
-        except ValueError as e:
-            self._problem(f"{where}: {e}; ignored")
-            return None
-        if attempt != att.attempt or at < att.launched_at:
-            return None  # left by an earlier attempt: not news
-        if (step, at) == att.marker_last:
-            return None  # the same save, seen again (the file was touched or copied)
-        att.marker_last = (step, at)
-        return RuntimeEvent(att.job_id, att.attempt, EventKind.CHECKPOINTED,
-                            message=f"checkpoint at step {step}", step=step, at=at)
+        return checkpoint_events(atts, self._problem, final=final)
 
     def _stop(self, att: _Attempt, grace_s: float, reason: str) -> None:
         att.reason = att.reason or reason
@@ -528,15 +462,6 @@ class LocalRuntime:
         self._limiter.release(wk.limits)
         if wk.mps_gpu is not None:
             self.mps.release(wk.mps_gpu, (job_id, attempt, wk.rank))
-
-    def _emit(self, events: list[RuntimeEvent]) -> None:
-        if not events:
-            return
-        with self._lock:
-            self._events.extend(events)
-        if self._notify is not None:
-            self._notify()
-
 
 def _as_user(spec: LaunchSpec, env: dict[str, str]) -> list[str]:
     """The prefix that runs the command as `spec.run_as` (with its USER, and its HOME unless
@@ -584,27 +509,6 @@ def _ended(wk: _Worker) -> bool:
         pass
     wk.done, wk.code = True, _read_exit(wk.exit_file, 137 if wk.killed else None)
     return True
-
-
-def parse_marker(raw: bytes) -> tuple[int, int, float]:
-    """(step, attempt, time) of a checkpoint marker; ValueError saying what is wrong."""
-    try:
-        d = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        raise ValueError("not JSON") from None
-    if not isinstance(d, dict):
-        raise ValueError(f"expected a JSON object, got {type(d).__name__}")
-    step, attempt, at = d.get("step"), d.get("attempt"), d.get("time")
-    for name, v, types, what in (("step", step, (int,), "an integer"),
-                                 ("attempt", attempt, (int,), "an integer"),
-                                 ("time", at, (int, float), "a number")):
-        if not isinstance(v, types) or isinstance(v, bool):
-            raise ValueError(f"{name}: expected {what}, got {v!r}"[:200])
-    if step < 0 or attempt < 0:
-        raise ValueError(f"step and attempt must not be negative, got {step} and {attempt}")
-    if not math.isfinite(at):
-        raise ValueError(f"time: expected a finite number, got {at!r}")
-    return step, attempt, float(at)
 
 
 def _split_nodes(name: str, gpus: list[GpuInfo], *, fake: bool) -> dict[str, _LocalNode]:

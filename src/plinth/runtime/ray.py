@@ -40,11 +40,10 @@ from pathlib import Path
 from plinth.core.errors import PlinthError
 from plinth.core.gpus import GPU_CATALOG
 from plinth.core.resources import MILLI, Node
-from plinth.job import CHECKPOINT_MARKER
 from plinth.runtime.base import EventKind, Handle, LaunchSpec, ProcRef, RuntimeEvent, gang_env
 from plinth.runtime.gpu import catalog_model
-from plinth.runtime.local import parse_marker
 from plinth.runtime.ray_worker import WorkerActor
+from plinth.runtime.watch import EventQueue, checkpoint_events
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +106,7 @@ class _Attempt:
     marker_last: tuple[int, float] | None = None
 
 
-class RayRuntime:
+class RayRuntime(EventQueue):
     """Runs jobs on a Ray cluster; see plinth.runtime.base.Runtime for the contract."""
 
     capabilities = frozenset({"checkpoint", "relaunch"})
@@ -120,12 +119,10 @@ class RayRuntime:
         self.namespace = namespace
         self.gang_grace_s = gang_grace_s
         self.problems: list[str] = []
-        self._notify = notify
+        EventQueue.__init__(self, notify)
         self._actor_cls = self.ray.remote(WorkerActor)
         self._nodes = self._read_nodes()
         self._attempts: dict[tuple[int, int], _Attempt] = {}
-        self._events: list[RuntimeEvent] = []
-        self._lock = threading.Lock()
         self._closed = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="plinth-ray-runtime",
                                         daemon=True)
@@ -242,11 +239,6 @@ class RayRuntime:
                 self._stop(att, self.gang_grace_s, f"rank {failed.rank} {_what(failed)}; "
                                                    "the other workers were stopped")
         return True
-
-    def poll(self) -> list[RuntimeEvent]:
-        with self._lock:
-            events, self._events = self._events, []
-        return events
 
     def close(self) -> None:
         """Stop watching; running workers keep running under their detached actors."""
@@ -472,49 +464,7 @@ class RayRuntime:
         ray.util.remove_placement_group(pg)
 
     def _checkpoints(self, atts: list[_Attempt], *, final: bool = False) -> list[RuntimeEvent]:
-        events = []
-        for att in atts:
-            if not att.checkpoint_dir:
-                continue
-            if final:
-                att.marker_seen = None
-            ev = self._checkpoint(att)
-            if ev is not None:
-                events.append(ev)
-        return events
-
-    def _checkpoint(self, att: _Attempt) -> RuntimeEvent | None:
-        """A CHECKPOINTED event if the attempt's marker is new and its own (as the local
-        runtime: by inode, mtime and size first, then its content)."""
-        path = os.path.join(att.checkpoint_dir, CHECKPOINT_MARKER)  # type: ignore[arg-type]
-        try:
-            st = os.stat(path)
-            seen = (st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_size)
-            if seen == att.marker_seen:
-                return None
-            att.marker_seen = seen
-            with open(path, "rb") as f:
-                step, attempt, at = parse_marker(f.read(4097))
-        except FileNotFoundError:
-            att.marker_seen = None
-            return None
-        except (OSError, ValueError) as e:
-            self._problem(f"job {att.job_id} attempt {att.attempt}: checkpoint marker {path}: "
-                          f"{e}; ignored")
-            return None
-        if attempt != att.attempt or at < att.launched_at or (step, at) == att.marker_last:
-            return None  # an earlier attempt's, or the same save seen again
-        att.marker_last = (step, at)
-        return RuntimeEvent(att.job_id, att.attempt, EventKind.CHECKPOINTED,
-                            message=f"checkpoint at step {step}", step=step, at=at)
-
-    def _emit(self, events: list[RuntimeEvent]) -> None:
-        if not events:
-            return
-        with self._lock:
-            self._events.extend(events)
-        if self._notify is not None:
-            self._notify()
+        return checkpoint_events(atts, self._problem, final=final)
 
 
 # --------------------------------------------------------------------- helpers

@@ -1,0 +1,126 @@
+"""What the local and the Ray runtime share: the queue of events their watcher threads fill,
+and reading an attempt's checkpoint marker (the file `plinth.job.save_checkpoint` replaces).
+
+An attempt here is any object with `job_id`, `attempt`, `checkpoint_dir`, `launched_at`,
+`marker_seen` and `marker_last`; each runtime keeps its own attempt record."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from plinth.job import CHECKPOINT_MARKER
+from plinth.runtime.base import EventKind, RuntimeEvent
+
+log = logging.getLogger(__name__)
+
+MARKER_MAX_BYTES = 4096
+
+
+class EventQueue:
+    """Events a watcher thread found, taken by `poll`; `notify` wakes the control loop."""
+
+    def __init__(self, notify: Callable[[], None] | None = None) -> None:
+        self._notify = notify
+        self._events: list[RuntimeEvent] = []
+        self._lock = threading.Lock()
+
+    def poll(self) -> list[RuntimeEvent]:
+        with self._lock:
+            events, self._events = self._events, []
+        return events
+
+    def _emit(self, events: list[RuntimeEvent]) -> None:
+        if not events:
+            return
+        with self._lock:
+            self._events.extend(events)
+        if self._notify is not None:
+            self._notify()
+
+
+def checkpoint_events(atts: Sequence[Any], problem: Callable[[str], None], *,
+                      final: bool = False) -> list[RuntimeEvent]:
+    """New markers of `atts`. `final`: the attempts have ended, so each marker is read even
+    if it looks unchanged: a last save could hide behind a reused inode and a coarse mtime."""
+    events = []
+    for att in atts:
+        if not att.checkpoint_dir:
+            continue
+        if final:
+            att.marker_seen = None
+        try:
+            ev = checkpoint_event(att, problem)
+        except Exception as e:  # an attempt that just ended must still get its end event
+            log.exception("runtime: checkpoint marker")
+            problem(f"job {att.job_id} attempt {att.attempt}: checkpoint marker: {e!r}")
+            continue
+        if ev is not None:
+            events.append(ev)
+    return events
+
+
+def checkpoint_event(att: Any, problem: Callable[[str], None]) -> RuntimeEvent | None:
+    """A CHECKPOINTED event if the attempt's marker is new and its own, else None."""
+    path = os.path.join(att.checkpoint_dir, CHECKPOINT_MARKER)
+    where = f"job {att.job_id} attempt {att.attempt}: checkpoint marker {path}"
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        problem(f"{where}: cannot stat: {e.strerror}")
+        return None
+    seen = (st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_size)
+    if seen == att.marker_seen:
+        return None
+    att.marker_seen = seen
+    if st.st_size > MARKER_MAX_BYTES:
+        problem(f"{where}: {st.st_size} bytes, more than a marker's {MARKER_MAX_BYTES}; ignored")
+        return None
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(MARKER_MAX_BYTES + 1)
+    except OSError as e:  # replaced or removed since the stat: the next tick looks again
+        att.marker_seen = None
+        if not isinstance(e, FileNotFoundError):
+            problem(f"{where}: cannot read: {e.strerror}")
+        return None
+    try:
+        step, attempt, at = parse_marker(raw)
+    except ValueError as e:
+        problem(f"{where}: {e}; ignored")
+        return None
+    if attempt != att.attempt or at < att.launched_at:
+        return None  # left by an earlier attempt: not news
+    if (step, at) == att.marker_last:
+        return None  # the same save, seen again (the file was touched or copied)
+    att.marker_last = (step, at)
+    return RuntimeEvent(att.job_id, att.attempt, EventKind.CHECKPOINTED,
+                        message=f"checkpoint at step {step}", step=step, at=at)
+
+
+def parse_marker(raw: bytes) -> tuple[int, int, float]:
+    """(step, attempt, time) of a checkpoint marker; ValueError saying what is wrong."""
+    try:
+        d = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise ValueError("not JSON") from None
+    if not isinstance(d, dict):
+        raise ValueError(f"expected a JSON object, got {type(d).__name__}")
+    step, attempt, at = d.get("step"), d.get("attempt"), d.get("time")
+    for name, v, types, what in (("step", step, (int,), "an integer"),
+                                 ("attempt", attempt, (int,), "an integer"),
+                                 ("time", at, (int, float), "a number")):
+        if not isinstance(v, types) or isinstance(v, bool):
+            raise ValueError(f"{name}: expected {what}, got {v!r}"[:200])
+    if step < 0 or attempt < 0:
+        raise ValueError(f"step and attempt must not be negative, got {step} and {attempt}")
+    if not math.isfinite(at):
+        raise ValueError(f"time: expected a finite number, got {at!r}")
+    return step, attempt, float(at)
