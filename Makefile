@@ -20,7 +20,7 @@ run: $(STAMP)
 	$(BIN)/plinth quickstart
 
 test: $(STAMP) browser
-	$(BIN)/pytest -q -n 2
+	$(BIN)/pytest -q -n 2 --dist loadgroup  # the tests of one Ray cluster share a worker
 
 # The dashboard's browser tests drive the system's Chromium (Debian's chromium and
 # chromium-driver); a browser that downloads itself cannot work here.

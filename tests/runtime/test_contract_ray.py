@@ -7,7 +7,7 @@ import pytest
 from contract_harness import RayHarness
 from test_contract import *
 
-pytestmark = [pytest.mark.ray, pytest.mark.slow]
+pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.xdist_group("ray")]
 
 
 @pytest.fixture

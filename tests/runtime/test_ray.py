@@ -19,7 +19,7 @@ from plinth.core.errors import PlinthError
 from plinth.core.net import free_port
 from plinth.runtime import EventKind, Handle, LaunchSpec, RuntimeEvent, WorkerLaunch
 
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, pytest.mark.xdist_group("ray")]
 HERE = Path(__file__).parent
 SRC = str(HERE.parents[1] / "src")
 

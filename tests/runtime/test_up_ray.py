@@ -14,7 +14,7 @@ from plinth.cli.quickstart import kill_jobs, start_server, stop_server
 from plinth.client import Client
 from plinth.core.net import free_port
 
-pytestmark = [pytest.mark.ray, pytest.mark.slow]
+pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.xdist_group("ray")]
 
 
 @pytest.fixture

@@ -58,7 +58,7 @@ from plinth.runtime.base import (
 from plinth.runtime.gpu import GpuInfo, MpsManager, discover_gpus
 from plinth.runtime.gpu import fake_gpus as make_fake_gpus
 from plinth.runtime.limits import Limiter, WorkerLimits
-from plinth.runtime.watch import EventQueue, checkpoint_events
+from plinth.runtime.watch import EventQueue, check_launch, checkpoint_events
 
 log = logging.getLogger(__name__)
 
@@ -268,31 +268,9 @@ class LocalRuntime(EventQueue):
     # ----------------------------------------------------------------- launching
 
     def _check(self, spec: LaunchSpec) -> None:
+        check_launch(spec, closed=self._closed.is_set(), node_is="a node here",
+                     gpus_on={name: len(n.gpus) for name, n in self._nodes.items()})
         where = f"job {spec.job_id} attempt {spec.attempt}"
-        if self._closed.is_set():
-            raise PlinthError(f"{where}: the runtime is closed")
-        if not spec.command:
-            raise PlinthError(f"{where}: command is empty")
-        if not spec.workers:
-            raise PlinthError(f"{where}: workers is empty")
-        ranks = sorted(w.rank for w in spec.workers)
-        if ranks != list(range(len(ranks))):
-            raise PlinthError(f"{where}: workers: ranks must be 0..{len(ranks) - 1}, got {ranks}")
-        for w in spec.workers:
-            at = f"{where}: workers[{w.rank}]"
-            node = self._nodes.get(w.node)
-            if node is None:
-                names = ", ".join(map(repr, self._nodes))
-                raise PlinthError(f"{at}.node: {w.node!r} is not a node here ({names})")
-            bad = [g for g in w.gpus if not 0 <= g < len(node.gpus)]
-            if bad:
-                raise PlinthError(f"{at}.gpus: no GPU {bad[0]} on {node.name} "
-                                  f"({len(node.gpus)} GPUs)")
-            if w.gpus and not 0 < w.gpu_milli <= MILLI:  # a CPU-only worker has no share
-                raise PlinthError(f"{at}.gpu_milli: must be in 1..1000, got {w.gpu_milli}")
-            if w.gpus and w.gpu_milli < MILLI and len(w.gpus) != 1:
-                raise PlinthError(f"{at}.gpus: a fractional share (gpu_milli={w.gpu_milli}) "
-                                  f"needs exactly one GPU, got {list(w.gpus)}")
         exe = spec.command[0]
         path = (spec.env.get("PATH") or os.environ.get("PATH", os.defpath))
         if "/" in exe:

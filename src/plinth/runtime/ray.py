@@ -43,7 +43,7 @@ from plinth.core.resources import MILLI, Node
 from plinth.runtime.base import EventKind, Handle, LaunchSpec, ProcRef, RuntimeEvent, gang_env
 from plinth.runtime.gpu import catalog_model
 from plinth.runtime.ray_worker import WorkerActor
-from plinth.runtime.watch import EventQueue, checkpoint_events
+from plinth.runtime.watch import EventQueue, check_launch, checkpoint_events
 
 log = logging.getLogger(__name__)
 
@@ -275,36 +275,14 @@ class RayRuntime(EventQueue):
         return {n.node.name: n for n in sorted(nodes, key=lambda n: n.node.name)}
 
     def _check(self, spec: LaunchSpec) -> None:
-        where = f"job {spec.job_id} attempt {spec.attempt}"
-        if self._closed.is_set():
-            raise PlinthError(f"{where}: the runtime is closed")
-        if not spec.command:
-            raise PlinthError(f"{where}: command is empty")
-        if not spec.workers:
-            raise PlinthError(f"{where}: workers is empty")
-        ranks = sorted(w.rank for w in spec.workers)
-        if ranks != list(range(len(ranks))):
-            raise PlinthError(f"{where}: workers: ranks must be 0..{len(ranks) - 1}, got {ranks}")
         if spec.run_as is not None:
-            raise PlinthError(f"{where}: run_as: the Ray runtime runs every job as the Ray "
-                              f"cluster's user, not as {spec.run_as!r}")
+            raise PlinthError(f"job {spec.job_id} attempt {spec.attempt}: run_as: the Ray "
+                              f"runtime runs every job as the Ray cluster's user, not as "
+                              f"{spec.run_as!r}")
         if any(w.node not in self._nodes for w in spec.workers):
             self._nodes = self._read_nodes()  # a node may have joined since
-        for w in spec.workers:
-            at = f"{where}: workers[{w.rank}]"
-            node = self._nodes.get(w.node)
-            if node is None:
-                names = ", ".join(map(repr, self._nodes))
-                raise PlinthError(f"{at}.node: {w.node!r} is not a live Ray node ({names})")
-            bad = [g for g in w.gpus if not 0 <= g < node.node.num_gpus]
-            if bad:
-                raise PlinthError(f"{at}.gpus: no GPU {bad[0]} on {w.node} "
-                                  f"({node.node.num_gpus} GPUs)")
-            if w.gpus and not 0 < w.gpu_milli <= MILLI:
-                raise PlinthError(f"{at}.gpu_milli: must be in 1..1000, got {w.gpu_milli}")
-            if w.gpus and w.gpu_milli < MILLI and len(w.gpus) != 1:
-                raise PlinthError(f"{at}.gpus: a fractional share (gpu_milli={w.gpu_milli}) "
-                                  f"needs exactly one GPU, got {list(w.gpus)}")
+        check_launch(spec, closed=self._closed.is_set(), node_is="a live Ray node",
+                     gpus_on={name: n.node.num_gpus for name, n in self._nodes.items()})
 
     # ----------------------------------------------------------------- adoption
 

@@ -1,5 +1,6 @@
-"""What the local and the Ray runtime share: the queue of events their watcher threads fill,
-and reading an attempt's checkpoint marker (the file `plinth.job.save_checkpoint` replaces).
+"""What the local and the Ray runtime share: the checks of a launch before anything starts, the
+queue of events their watcher threads fill, and reading an attempt's checkpoint marker (the
+file `plinth.job.save_checkpoint` replaces).
 
 An attempt here is any object with `job_id`, `attempt`, `checkpoint_dir`, `launched_at`,
 `marker_seen` and `marker_last`; each runtime keeps its own attempt record."""
@@ -11,15 +12,47 @@ import logging
 import math
 import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from plinth.core.errors import PlinthError
+from plinth.core.resources import MILLI
 from plinth.job import CHECKPOINT_MARKER
-from plinth.runtime.base import EventKind, RuntimeEvent
+from plinth.runtime.base import EventKind, LaunchSpec, RuntimeEvent
 
 log = logging.getLogger(__name__)
 
 MARKER_MAX_BYTES = 4096
+
+
+def check_launch(spec: LaunchSpec, *, closed: bool, gpus_on: Mapping[str, int],
+                 node_is: str) -> None:
+    """Refuse a launch the runtime cannot carry out as given, in one line naming the field.
+    `gpus_on` is each node's GPU count; `node_is` says what a node must be ("a node here")."""
+    where = f"job {spec.job_id} attempt {spec.attempt}"
+    if closed:
+        raise PlinthError(f"{where}: the runtime is closed")
+    if not spec.command:
+        raise PlinthError(f"{where}: command is empty")
+    if not spec.workers:
+        raise PlinthError(f"{where}: workers is empty")
+    ranks = sorted(w.rank for w in spec.workers)
+    if ranks != list(range(len(ranks))):
+        raise PlinthError(f"{where}: workers: ranks must be 0..{len(ranks) - 1}, got {ranks}")
+    for w in spec.workers:
+        at = f"{where}: workers[{w.rank}]"
+        n = gpus_on.get(w.node)
+        if n is None:
+            names = ", ".join(map(repr, gpus_on))
+            raise PlinthError(f"{at}.node: {w.node!r} is not {node_is} ({names})")
+        bad = [g for g in w.gpus if not 0 <= g < n]
+        if bad:
+            raise PlinthError(f"{at}.gpus: no GPU {bad[0]} on {w.node} ({n} GPUs)")
+        if w.gpus and not 0 < w.gpu_milli <= MILLI:  # a CPU-only worker has no share
+            raise PlinthError(f"{at}.gpu_milli: must be in 1..1000, got {w.gpu_milli}")
+        if w.gpus and w.gpu_milli < MILLI and len(w.gpus) != 1:
+            raise PlinthError(f"{at}.gpus: a fractional share (gpu_milli={w.gpu_milli}) "
+                              f"needs exactly one GPU, got {list(w.gpus)}")
 
 
 class EventQueue:
