@@ -79,7 +79,7 @@ def easy_backfill(snap: Snapshot, now: float, work: ClusterState, queue: Iterabl
             job = js.job
             est = job.duration if oracle or job.time_limit is None else job.time_limit
             est -= js.progress
-            on_work = now + (est if est > 0.0 else 0.0) <= shadow
+            on_work = now + (max(0.0, est)) <= shadow
             failed = failed_work if on_work else failed_avoid
             if id(req) in failed:
                 waiting[js.id] = behind if on_work else delays

@@ -39,136 +39,42 @@ import dataclasses
 import math
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
-
-from plinth.core.resources import MILLI, Allocation, Cluster
-from plinth.core.workload import Job
-from plinth.sched.lifecycle import State, StopReason, check_transition
-from plinth.sched.policies.base import Policy
-from plinth.sched.state import ClusterState
-from plinth.sched.types import Decisions, JobState, SchedConfig, Snapshot
+from dataclasses import dataclass
 
 from sortedcontainers import SortedKeyList
 
+from plinth.core.resources import Allocation, Cluster
+from plinth.core.workload import Job
+from plinth.sched.events import (  # noqa: F401 (the owner's vocabulary, imported from here too)
+    Cancelled,
+    CheckpointSaved,
+    Event,
+    Exited,
+    Instruction,
+    Launch,
+    LaunchFailed,
+    Lost,
+    Output,
+    Rejected,
+    Started,
+    Stop,
+    Submitted,
+    Transition,
+    event_kind,
+)
+from plinth.sched.lifecycle import State, StopReason, check_transition
+from plinth.sched.policies.base import Policy
+from plinth.sched.state import ClusterState
+from plinth.sched.types import (  # noqa: F401 (periodic_checkpoint: imported from here too)
+    Decisions,
+    JobState,
+    SchedConfig,
+    Snapshot,
+    check_gang,
+    periodic_checkpoint,
+)
+
 WAITING_FOR_RELEASE = "started: waiting for stopping jobs to release its resources"
-
-# --- events in ----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Submitted:
-    job: Job
-
-
-@dataclass(frozen=True, slots=True)
-class Cancelled:
-    job_id: int
-    message: str = "cancelled by the user"
-
-
-@dataclass(frozen=True, slots=True)
-class Started:
-    """The runtime has the attempt running. Progress begins at `at` (after any restore) at
-    `rate` units of work per second. `checkpoint_every` declares a fixed checkpoint cadence in
-    units of work (the simulated runtime's model), so that periodic checkpoints need no event
-    each; runtimes that observe real checkpoints report them as `CheckpointSaved` instead."""
-
-    job_id: int
-    attempt: int
-    at: float
-    rate: float = 1.0
-    checkpoint_every: float = 0.0
-
-
-@dataclass(frozen=True, slots=True)
-class Exited:
-    job_id: int
-    attempt: int
-    exit_code: int
-    message: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class Lost:
-    job_id: int
-    attempt: int
-    message: str = "processes vanished"
-
-
-@dataclass(frozen=True, slots=True)
-class LaunchFailed:
-    job_id: int
-    attempt: int
-    message: str
-
-
-@dataclass(frozen=True, slots=True)
-class CheckpointSaved:
-    job_id: int
-    attempt: int
-    at: float
-    step: int | None = None
-
-
-Event = Submitted | Cancelled | Started | Exited | Lost | LaunchFailed | CheckpointSaved
-
-# --- out ----------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Launch:
-    job_id: int
-    attempt: int
-    allocation: Allocation
-    reason: str
-    model: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Stop:
-    """SIGTERM, then kill after the shell's grace period. With `checkpoint` the job is asked to
-    save first (a lease ending, a move), and loses nothing; otherwise it loses the work since
-    its last checkpoint."""
-
-    job_id: int
-    attempt: int
-    reason: StopReason
-    message: str
-    checkpoint: bool = False
-
-
-Instruction = Launch | Stop
-
-
-@dataclass(frozen=True, slots=True)
-class Transition:
-    """One lifecycle move. `fields` are the job's columns that change with it (as the store
-    names them; `allocation` is an Allocation or None)."""
-
-    job_id: int
-    old: State
-    new: State
-    at: float
-    kind: str
-    message: str
-    fields: dict
-
-
-@dataclass(frozen=True, slots=True)
-class Rejected:
-    event: object
-    code: str  # "not-found", "conflict" or "stale"
-    message: str
-
-
-@dataclass(slots=True)
-class Output:
-    transitions: list[Transition] = field(default_factory=list)
-    instructions: list[Instruction] = field(default_factory=list)
-    rejected: list[Rejected] = field(default_factory=list)
-    checkpoints: list[JobState] = field(default_factory=list)  # jobs whose checkpoint moved
-    policy_s: float = 0.0  # seconds the policy took in this step
-
 
 @dataclass(slots=True)
 class _Run:
@@ -302,7 +208,7 @@ class Owner:
             self._cancel(js, now, ev.message)
             return
         if ev.attempt != js.attempt or js.id not in self.runs:
-            self._reject(ev, "stale", f"job {js.id}: {_kind(ev)} for attempt {ev.attempt} "
+            self._reject(ev, "stale", f"job {js.id}: {event_kind(ev)} for attempt {ev.attempt} "
                          f"ignored: the job is {js.status.value}, attempt {js.attempt}"
                          + ("" if js.id in self.runs else ", not launched"))
             return
@@ -604,7 +510,7 @@ class Owner:
         ran = t - run.t0
         progress = run.base_progress + run.rate * ran if ran > 0 else run.base_progress
         duration = js.job.duration
-        return progress if progress < duration else duration
+        return min(duration, progress)
 
     def _account(self, js: JobState, run: _Run, now: float) -> None:
         # Hot: every pass brings every running job up to date. `_progress_at` and
@@ -612,7 +518,7 @@ class Owner:
         ran = now - run.t0
         progress = run.base_progress + run.rate * ran if ran > 0 else run.base_progress
         duration = js.job.duration
-        js.progress = progress = progress if progress < duration else duration
+        js.progress = progress = min(duration, progress)
         ran = now - run.start
         js.attained = run.base_attained + run.gpus * ran
         js.executed = run.base_executed + ran
@@ -676,7 +582,7 @@ class Owner:
                 expect = []
             assert where == expect, f"job {jid} ({js.status.value}) is in {where}, not {expect}"
             if js.status is State.RUNNING:
-                _check_gang(js)
+                check_gang(js)
                 plan.allocate(js.allocation, js.job.request)  # type: ignore[arg-type]
             if jid in self.next_start:
                 plan.allocate(self.next_start[jid][0], js.job.request)
@@ -685,29 +591,3 @@ class Owner:
         for mine, want, name in ((self.state, plan, "plan"), (self.held, held, "held")):
             assert (mine.gpu_free_milli == want.gpu_free_milli).all(), f"{name} GPUs drifted"
             assert (mine.node_free_cpu == want.node_free_cpu).all(), f"{name} CPUs drifted"
-
-
-def periodic_checkpoint(progress: float, saved: float, every: float) -> float:
-    """The progress saved by a job that checkpoints every `every` units of work (at multiples
-    of `every`), given what it had saved before. Shared with the simulated runtime, so that the
-    owner's view and the simulated process agree exactly."""
-    if progress - saved >= every:
-        return math.floor(progress / every) * every
-    return saved
-
-
-def _check_gang(js: JobState) -> None:
-    req, alloc = js.job.request, js.allocation
-    assert alloc is not None and len(alloc.slots) == req.workers, \
-        f"job {js.id}: gang of {req.workers} got {0 if alloc is None else len(alloc.slots)} slots"
-    for slot in alloc.slots:
-        gpus = req.gpus if req.gpus else (1 if req.gpu_milli else 0)
-        milli = MILLI if req.gpus else req.gpu_milli
-        assert len(slot.gpus) == gpus and (not gpus or slot.milli == milli), \
-            f"job {js.id}: slot {slot} does not match its request {req}"
-
-
-def _kind(ev: object) -> str:
-    return {"CheckpointSaved": "checkpoint report", "Started": "start report",
-            "Exited": "exit report", "Lost": "loss report",
-            "LaunchFailed": "launch failure"}.get(type(ev).__name__, type(ev).__name__)

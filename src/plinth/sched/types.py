@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from plinth.core.resources import Allocation, Cluster
+from plinth.core.resources import MILLI, Allocation, Cluster
 from plinth.core.throughput import DEFAULT_THROUGHPUTS, Throughputs
 from plinth.core.workload import Job
 from plinth.sched.lifecycle import State
@@ -123,3 +124,24 @@ class Decisions:
     def __bool__(self) -> bool:
         """True when the pass changes anything (reasons and wake-ups alone do not)."""
         return bool(self.starts or self.preempts or self.resizes)
+
+
+def periodic_checkpoint(progress: float, saved: float, every: float) -> float:
+    """The progress saved by a job that checkpoints every `every` units of work (at multiples
+    of `every`), given what it had saved before. Shared with the simulated runtime, so that the
+    owner's view and the simulated process agree exactly."""
+    if progress - saved >= every:
+        return math.floor(progress / every) * every
+    return saved
+
+
+def check_gang(js: JobState) -> None:
+    """Assert that a running job's allocation is its whole gang, slot by slot (`validate`)."""
+    req, alloc = js.job.request, js.allocation
+    assert alloc is not None and len(alloc.slots) == req.workers, \
+        f"job {js.id}: gang of {req.workers} got {0 if alloc is None else len(alloc.slots)} slots"
+    for slot in alloc.slots:
+        gpus = req.gpus if req.gpus else (1 if req.gpu_milli else 0)
+        milli = MILLI if req.gpus else req.gpu_milli
+        assert len(slot.gpus) == gpus and (not gpus or slot.milli == milli), \
+            f"job {js.id}: slot {slot} does not match its request {req}"

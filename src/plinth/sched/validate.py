@@ -13,11 +13,11 @@ from collections.abc import Iterable
 
 from plinth.core.resources import Cluster
 from plinth.core.workload import Job
+from plinth.sched.lifecycle import State
 from plinth.sched.owner import Owner
 from plinth.sched.placement import place_and_allocate
 from plinth.sched.policies.base import Policy
 from plinth.sched.state import ClusterState
-from plinth.sched.lifecycle import State
 from plinth.sched.types import Decisions, JobState, SchedConfig, Snapshot
 
 

@@ -295,7 +295,7 @@ class _Pass:
         end-dependent parts of `admit`'s key."""
         job = js.job
         est = (job.duration if job.time_limit is None else job.time_limit) - js.progress
-        end = self.now + (est if est > 0.0 else 0.0)
+        end = self.now + (max(0.0, est))
         return (held is not None and end > held[1], hold is not None and end > hold[1])
 
     # -- one job -----------------------------------------------------------------------------
@@ -307,7 +307,7 @@ class _Pass:
         held, hold = self.reservation, self.holds.get(job.tenant)
         if held or hold:  # now + js.remaining_estimate, inlined: it runs for every job read
             est = (job.duration if job.time_limit is None else job.time_limit) - js.progress
-            end = self.now + (est if est > 0.0 else 0.0)
+            end = self.now + (max(0.0, est))
         else:
             end = 0.0
         late = held is not None and end > held[1]

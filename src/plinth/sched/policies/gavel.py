@@ -64,59 +64,13 @@ from plinth.core.throughput import DEFAULT_THROUGHPUTS, Throughputs
 from plinth.sched.lp import feasible_mask, max_min_fairness
 from plinth.sched.placement import place
 from plinth.sched.policies.base import Policy
+from plinth.sched.policies.gavel_book import GavelBook, model_index, throughput_matrix
 from plinth.sched.preemption import can_preempt
 from plinth.sched.state import ClusterState
 from plinth.sched.types import Decisions, JobState, Preempt, Resize, Snapshot, Start
 
 _X_MIN = 1e-4  # time fractions below this are solver noise, not an allocation
 _NO_ROOM = "Gavel: no GPU model it may use has room for the gang"
-
-
-class _Book:
-    """Per-job bookkeeping as numpy arrays, one row per job in the active set; rows are reused
-    once their job leaves. Static per row: the job's class (-1: needs no GPU), submit time
-    and id (for "older first" ties). Dynamic: X, time active, time received per model."""
-
-    def __init__(self, models: int) -> None:
-        self.models = models
-        self.row: dict[int, int] = {}
-        self.free: list[int] = []
-        self.size = 0
-        self._grow(256)
-
-    def _grow(self, n: int) -> None:
-        m, old = self.models, self.size
-        for name, shape, dtype, fill in (
-                ("X", (n, m), float, 0.0), ("has_x", (n,), bool, False),
-                ("recv", (n, m), float, 0.0), ("active", (n,), float, 0.0),
-                ("cls", (n,), np.intp, -1), ("submit", (n,), float, 0.0),
-                ("jid", (n,), np.int64, -1), ("run_m", (n,), np.intp, -1),
-                ("why_key", (n, 2 * m), np.int64, -1)):
-            a = np.full(shape, fill, dtype=dtype)
-            if old:
-                a[:old] = getattr(self, name)
-            setattr(self, name, a)
-        self.why: list[str | None] = (self.why if old else []) + [None] * (n - old)
-        self.free.extend(range(n - 1, old - 1, -1))
-        self.size = n
-
-    def add(self, js: JobState, cls: int) -> int:
-        if not self.free:
-            self._grow(2 * self.size)
-        r = self.free.pop()
-        self.row[js.id] = r
-        self.X[r] = 0.0
-        self.recv[r] = 0.0
-        self.why_key[r] = -1
-        self.has_x[r], self.active[r], self.cls[r] = False, 0.0, cls
-        self.submit[r], self.jid[r], self.run_m[r], self.why[r] = (
-            js.job.submit_time, js.id, -1, None)
-        return r
-
-    def drop(self, jid: int) -> None:
-        r = self.row.pop(jid)
-        self.jid[r], self.run_m[r], self.why[r] = -1, -1, None
-        self.free.append(r)
 
 
 class Gavel(Policy):
@@ -138,7 +92,7 @@ class Gavel(Policy):
 
     def _reset(self, models: tuple[str, ...]) -> None:
         self._models = models
-        self._book = _Book(len(models))
+        self._book = GavelBook(len(models))
         self._cap = np.zeros(len(models))
         # LP classes: (job type, gang, allowed models) -> id, with their per-model arrays.
         self._class_of: dict[tuple, int] = {}
@@ -426,7 +380,7 @@ class Gavel(Policy):
         movable: dict[int, tuple[JobState, int]] = {}  # with the model it is on
         for js in snap.running.values():
             i = index.get(js.id)
-            m = on[i] if i is not None else _model_index(cluster, js.allocation)
+            m = on[i] if i is not None else model_index(cluster, js.allocation)
             if m < 0:
                 continue
             if self._pinned(js, now, snap):
@@ -489,7 +443,7 @@ class Gavel(Policy):
             if work.fits(js.allocation, js.job.request):  # type: ignore[arg-type]
                 work.allocate(js.allocation, js.job.request)  # type: ignore[arg-type]
                 continue
-            old = models[_model_index(cluster, js.allocation)]
+            old = models[model_index(cluster, js.allocation)]
             why = ("outside Gavel's active window" if js.id not in index else
                    "other jobs have higher Gavel priority this round")
             d.preempts.append(Preempt(js.id, f"Gavel: lease on {old} ended; {why}",
@@ -636,26 +590,11 @@ class Gavel(Policy):
         return f"Gavel: {what} {self._models[m]}; allocation {self._describe(js.id)}"
 
 
-def throughput_matrix(jobs: list[JobState], models: tuple[str, ...],
-                      throughputs: Throughputs = DEFAULT_THROUGHPUTS) -> np.ndarray:
-    """T[j, m] = speed of job j's type on one GPU of model m, looked up once per type."""
-    if not jobs:
-        return np.zeros((0, len(models)))
-    return np.stack([throughputs.speeds(throughputs.type_of(js.job), models) for js in jobs])
-
-
 def _busy(snap: Snapshot, d: Decisions) -> bool:
     """Whether anything runs after these decisions. On an idle cluster every waiting job has
     just been tried and failed, and time alone changes nothing, so a policy should not ask to
     be woken (the owner then reports the jobs as stuck instead of looping)."""
     return bool(d.starts or len(snap.running) > len(d.preempts))
-
-
-def _model_index(cluster: Cluster, alloc: Allocation | None) -> int:
-    """Index into cluster.models of the GPUs an allocation holds; -1 for none."""
-    if alloc is None or not alloc.slots or not alloc.slots[0].gpus:
-        return -1
-    return cluster.node_model_list[alloc.slots[0].node]
 
 
 __all__ = ["Gavel", "throughput_matrix"]
