@@ -64,6 +64,17 @@ def test_tokens_are_stored_hashed(store: Store) -> None:
                                 "unix_user": None}]
 
 
+def test_a_tenant_with_jobs_and_tokens_can_be_updated(store: Store) -> None:
+    """Found by the API fuzzer: PUT on a tenant that owns a token broke its foreign key."""
+    store.put_tenant("default", 1.0, None)
+    store.add_token("t0k3n", "default")
+    store.insert_job(_row("a"), now=1.0)
+    store.put_tenant("default", 4.0, 2.0)
+    assert store.tenants() == [{"name": "default", "gpus": 4.0, "borrowing_limit": 2.0,
+                                "unix_user": None}]
+    assert [t for t, _, _ in store.tokens().values()] == ["default"]
+
+
 def test_transition_table_is_closed() -> None:
     for old, targets in TRANSITIONS.items():
         for new in State:

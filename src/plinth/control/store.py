@@ -249,11 +249,11 @@ class Store:
 
     def put_tenant(self, name: str, gpus: float | None, borrowing_limit: float | None,
                    unix_user: str | None = None) -> None:
-        with self._write, self.engine.begin() as c:
-            c.execute(tenants.delete().where(tenants.c.name == name))
-            c.execute(tenants.insert().values(name=name, gpus=gpus,
-                                              borrowing_limit=borrowing_limit,
-                                              unix_user=unix_user))
+        values = {"gpus": gpus, "borrowing_limit": borrowing_limit, "unix_user": unix_user}
+        with self._write, self.engine.begin() as c:  # an update, so the tenant's tokens stay
+            if not c.execute(tenants.update().where(tenants.c.name == name)
+                             .values(**values)).rowcount:
+                c.execute(tenants.insert().values(name=name, **values))
 
     def tenants(self) -> list[dict]:
         with self.engine.connect() as c:
