@@ -129,6 +129,34 @@ class Client:
         body = spec.model_dump(mode="json", exclude_none=True)
         return int(self._call("POST", "/v1/jobs", json=body)["id"])
 
+    # --- workloads of several units (Service, ...) -------------------------------------------
+
+    def submit_workload(self, spec: Any, *, base: Path | None = None) -> dict:
+        """Submit a spec of a kind with several units (a ServiceSpec, a dict, or a YAML path);
+        returns the workload as the API shows it. A Service's model is checked here first:
+        it is loaded and timed once (one line naming the field if it fails), and a model file
+        or MODULE beside the spec is found from any directory."""
+        if isinstance(spec, (str, Path)):
+            base = Path(spec).parent
+            spec = load_spec(Path(spec))
+        elif isinstance(spec, dict):
+            spec = spec_from_dict(spec, source="spec")
+        workdir = os.path.abspath(spec.workdir or ".")  # as a job's: where you submit
+        spec = spec.model_copy(update={"workdir": workdir})
+        if spec.kind == "Service":
+            spec = _checked_service(spec, base)
+        return self._call("POST", "/v1/workloads",
+                          json=spec.model_dump(mode="json", exclude_none=True))
+
+    def workloads(self, *, all: bool = False) -> list[dict]:
+        return self._call("GET", "/v1/workloads", params={"all": all})
+
+    def workload(self, ref: str) -> dict:
+        return self._call("GET", f"/v1/workloads/{ref}")
+
+    def cancel_workload(self, ref: str) -> dict:
+        return self._call("POST", f"/v1/workloads/{ref}/cancel")
+
     def wait_all(self, job_id: int, timeout: float = 600.0, poll_s: float = 0.2) -> str:
         """`wait` for a job, or for every task of the array it heads; returns its state, or
         the worst of its tasks' (failed before cancelled before timeout before succeeded)."""
@@ -231,3 +259,15 @@ class Client:
 
     def revoke_token(self, token_id: str) -> None:
         self._send("DELETE", f"/v1/tokens/{token_id}")
+
+
+def _checked_service(spec: Any, base: Path | None) -> Any:
+    """A Service spec with its model file made absolute and its single-request time measured
+    (`service_ms`, which the autoscaler plans with), unless the spec gives it."""
+    from plinth.serve.model import check_model
+
+    model = spec.model if base is None else _beside(base, spec.model)
+    measured = check_model(model, spec.input_shape, spec.slo_ms, workdir=spec.workdir)
+    return spec.model_copy(update={"model": model,
+                                   "service_ms": spec.service_ms or round(measured, 3)})
+

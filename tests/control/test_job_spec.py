@@ -89,11 +89,11 @@ def test_bundled_examples_are_valid() -> None:
 
 def test_the_control_plane_refuses_kinds_it_does_not_run_yet(tmp_path) -> None:
     p = tmp_path / "svc.yaml"
-    p.write_text("kind: Service\nquota: 1\njobs: [{name: a, slo_ms: 10, service_ms: 1}]\n")
+    p.write_text("kind: Service\nname: a\nmodel: tiny-cnn\nslo_ms: 10\n")
     with pytest.raises(SpecError) as e:
         job_to_run(load_spec(p), str(p))
-    assert str(e.value) == (f"{p}: kind: the control plane does not run Service specs yet; "
-                            "use `plinth serve up FILE` meanwhile")
+    assert str(e.value) == (f"{p}: kind: a Service spec is not a Job; submit it with "
+                            "`plinth submit FILE` (Client.submit_workload)")
     fl = spec_from_dict({"kind": "FLTask"}, source="app.yaml")
     with pytest.raises(SpecError, match=r"^app.yaml: kind: .* FLTask specs yet; use `plinth fl "):
         job_to_run(fl, "app.yaml")
@@ -109,11 +109,11 @@ def test_cli_submit_names_the_kind_before_sending_anything(tmp_path) -> None:
     good = tmp_path / "job.yaml"
     good.write_text("name: t\ncommand: [true]\n")
     svc = tmp_path / "svc.yaml"
-    svc.write_text("kind: Service\nquota: 1\njobs: [{name: a, slo_ms: 10, service_ms: 1}]\n")
+    svc.write_text("kind: FLTask\nname: app\n")
     # No server listens here: the spec is refused before the client tries to reach one.
     res = CliRunner().invoke(app, ["submit", str(good), str(svc), "--server", "127.0.0.1:9"])
     assert res.exit_code != 0
-    assert "kind: the control plane does not run Service specs yet" in str(res.exception) + \
+    assert "kind: the control plane does not run FLTask specs yet" in str(res.exception) + \
         res.output
     assert "cannot reach" not in str(res.exception) + res.output
 

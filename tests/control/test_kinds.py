@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from plinth.control.kinds import CONTROLLERS, Observed, Unit, controller_for, reconcile
+from plinth.control.kinds import CONTROLLERS, Observed, Unit, check_kind, reconcile
 from plinth.control.spec import JobSpec
 from plinth.core.errors import SpecError
 from plinth.core.spec import load_spec
@@ -15,13 +15,12 @@ def spec(**kw) -> JobSpec:
     return JobSpec.model_validate({"command": "true", **kw})
 
 
-def test_a_job_is_one_unit_wanted_once():
-    c = controller_for(spec())
-    (u,) = c.units(spec(), {}, 0.0)
-    assert u.name == "job" and u.spec.command == ["/bin/sh", "-c", "true"]
-    # Once it exists it is kept, whatever its state: a finished job is never started again.
-    done = {"job": Observed("job", 7, State.SUCCEEDED)}
-    assert reconcile(c.units(spec(), done, 1.0), done) == ([], [])
+def test_a_unit_that_ended_is_replaced_while_it_is_wanted():
+    s = spec()
+    observed = {"replica-0": Observed("replica-0", 1, State.FAILED)}
+    add, drop = reconcile([Unit("replica-0", s)], observed)
+    assert [u.name for u in add] == ["replica-0"] and drop == []
+    assert reconcile([], observed) == ([], [])  # not wanted, and already ended: nothing to do
 
 
 def test_reconcile_adds_missing_units_and_cancels_unwanted_live_ones():
@@ -43,7 +42,9 @@ def test_bad_units_are_one_line_errors():
 
 
 def test_kinds_the_control_plane_does_not_run_yet_name_their_command():
-    svc = load_spec("examples/serve/service.yaml")
-    with pytest.raises(SpecError, match=r"^kind: the control plane does not run Service specs yet; use `plinth serve"):
-        controller_for(svc)
-    assert "Job" in CONTROLLERS.names()
+    fl = load_spec("examples/fl/mnist/app.yaml")
+    with pytest.raises(SpecError, match=r"^kind: the control plane does not run FLTask specs "
+                                        r"yet; use `plinth fl"):
+        check_kind(fl)
+    assert check_kind(load_spec("examples/serve/service.yaml")) == "Service"
+    assert check_kind(spec()) == "Job" and "Service" in CONTROLLERS.names()

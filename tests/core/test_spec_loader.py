@@ -14,7 +14,7 @@ from plinth.fl.app import AppSpec
 from plinth.serve.spec import ServiceSpec
 
 EXAMPLES = Path(__file__).parents[2] / "examples"
-SERVICE = "kind: Service\nquota: 2\njobs:\n  - {name: a, slo_ms: 10, service_ms: 1}\n"
+SERVICE = "kind: Service\nname: a\nmodel: tiny-cnn\nslo_ms: 10\n"
 
 
 def error(text: str, tmp_path: Path, **kw) -> str:
@@ -54,9 +54,8 @@ def test_unknown_kind_lists_the_known_ones(tmp_path) -> None:
     ("name: t\ncommand: [true]\nworkers: many\n",
      "spec.yaml:3: workers: input should be a valid integer, unable to parse string as an "
      "integer (got 'many')"),
-    (SERVICE.replace("quota: 2", "quota: 0"), "spec.yaml:2: quota: must be >= 1 (got 0)"),
-    (SERVICE.replace("slo_ms: 10", "slo_ms: -3"), "spec.yaml:4: jobs[0].slo_ms: must be > 0 "
-                                                  "(got -3)"),
+    (SERVICE + "max_replicas: 0\n", "spec.yaml:5: max_replicas: must be >= 1 (got 0)"),
+    (SERVICE.replace("slo_ms: 10", "slo_ms: -3"), "spec.yaml:4: slo_ms: must be > 0 (got -3)"),
     ("kind: FLTask\nserver:\n  fraction: 1.5\n",
      "spec.yaml:3: server.fraction: must be <= 1 (got 1.5)"),
     ("kind: FLTask\nstrategy: {name: fedmagic}\n",
@@ -93,10 +92,10 @@ def test_a_command_of_one_kind_refuses_another_and_defaults_to_its_own(tmp_path)
         "spec.yaml:1: kind: this command reads a Service spec, not a Job spec (run that with "
         "`plinth submit FILE`)")
     p = tmp_path / "svc.yaml"
-    p.write_text(SERVICE.replace("kind: Service\n", ""))  # `plinth serve up` needs no kind
+    p.write_text(SERVICE.replace("kind: Service\n", ""))  # a command of one kind needs no kind
     assert isinstance(load_spec(p, kind="Service"), ServiceSpec)
     assert error(SERVICE.replace("kind: Service\n", ""), tmp_path).startswith(
-        "spec.yaml:1: quota: unknown field")  # ... but without one it is read as a Job
+        "spec.yaml:2: model: unknown field")  # ... but without one it is read as a Job
 
 
 def test_text_and_dicts_go_through_the_same_checks() -> None:

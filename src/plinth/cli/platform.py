@@ -58,6 +58,17 @@ def up(
     jobs_dir: Annotated[Path | None, typer.Option(
         help="As root, where each tenant's jobs keep their checkpoints, in a folder of the "
              "tenant's own Unix user [default: $PLINTH_HOME-jobs].")] = None,
+    serve_port: Annotated[int, typer.Option(help="Port of the router in front of every "
+                                                 "service (/v1/NAME/infer); 0: any free "
+                                                 "one.")] = 8700,
+    serve_policy: Annotated[str, typer.Option(help="Autoscaling policy for services: "
+                                                   "faro-fairsum, aiad, ... (plinth serve "
+                                                   "policies).")] = "faro-fairsum",
+    serve_tick: Annotated[float, typer.Option(help="Seconds between autoscaling "
+                                                   "decisions.")] = 10.0,
+    serve_minute: Annotated[float, typer.Option(help="Wall seconds per minute of arrivals "
+                                                     "history (less replays traces "
+                                                     "faster).")] = 60.0,
 ) -> None:
     """Start the control plane: store, local runtime, scheduler and REST API (foreground)."""
     from plinth.control.server import ServerConfig, serve
@@ -66,7 +77,9 @@ def up(
                        fake_gpus=fake_gpus, runtime=runtime, ray_address=ray_address,
                        policy=policy, grace_s=grace,
                        min_runtime_s=min_runtime, round_s=round_s, max_body_bytes=max_body,
-                       tls_cert=tls_cert, tls_key=tls_key, jobs_dir=jobs_dir)
+                       tls_cert=tls_cert, tls_key=tls_key, jobs_dir=jobs_dir,
+                       serve_port=serve_port, serve_policy=serve_policy,
+                       serve_tick_s=serve_tick, serve_minute_s=serve_minute)
     serve(cfg, announce=lambda s: console.print(s, highlight=False, soft_wrap=True))
 
 
@@ -79,18 +92,30 @@ def submit(specs: Annotated[list[Path], typer.Argument(help="Job spec YAML files
                "--dependency", "-d", help="As sbatch: afterok:12:13,after:9 (kinds after, "
                                           "afterany, afterok, afternotok).")] = None,
            server: Server = None, token: Token = None) -> None:
-    """Submit jobs; prints each job's id."""
-    from plinth.control.spec import job_to_run, parse_array
+    """Submit jobs, and workloads of other kinds (a Service); prints each one's id."""
+    from plinth.control.kinds import check_kind
+    from plinth.control.spec import JobSpec, parse_array
     from plinth.core.spec import load_spec
 
-    jobs = [job_to_run(load_spec(path), str(path)) for path in specs]  # all checked, then sent
+    loaded = [load_spec(path) for path in specs]  # all checked, then sent
+    for spec, path in zip(loaded, specs):
+        try:
+            check_kind(spec)
+        except PlinthError as e:
+            raise PlinthError(f"{path}: {e}") from None
     if dependency:
         deps = parse_dependency(dependency)
-        jobs = [j.model_copy(update={k: [*getattr(j, k), *v] for k, v in deps.items()})
-                for j in jobs]
+        loaded = [j.model_copy(update={k: [*getattr(j, k), *v] for k, v in deps.items()})
+                  if isinstance(j, JobSpec) else j for j in loaded]
     with Client(server, token) as c:
         ids = []
-        for path, job in zip(specs, jobs):
+        for path, job in zip(specs, loaded):
+            if not isinstance(job, JobSpec):
+                w = c.submit_workload(job, base=path.parent)
+                where = f" at {w['status']['url']}" if w["status"].get("url") else ""
+                console.print(f"Submitted {w['kind']} {w['name']} (workload {w['id']}, "
+                              f"{path}){where}", highlight=False)
+                continue
             ids.append(c.submit(job, base=path.parent))
             what = f"array job {ids[-1]} ({len(parse_array(job.array)[0])} tasks)" \
                 if job.array else f"job {ids[-1]}"
@@ -248,6 +273,12 @@ def ls(all: Annotated[bool, typer.Option("--all", "-a", help="Include finished j
                                   offset=(page - 1) * limit)
     table = output in ("table", "wide")
     print_jobs(group_arrays(jobs) if table and not expand else jobs, output)
+    if table and not name and not state:
+        with Client(server, token) as c:
+            ws = [w for w in c.workloads(all=all) if tenant is None or w["tenant"] == tenant]
+        if ws:
+            console.print()
+            console.print(workloads_table(ws, wide=output == "wide"))
     first = (page - 1) * limit + 1
     if table and (total > len(jobs) or page > 1):
         more = f"; more with --page {page + 1}" if first - 1 + len(jobs) < total else ""
@@ -255,15 +286,77 @@ def ls(all: Annotated[bool, typer.Option("--all", "-a", help="Include finished j
                       highlight=False)
 
 
+def _ms(x: float | None) -> str:
+    return "-" if x is None else f"{x:.0f}ms" if x >= 10 else f"{x:.1f}ms"
+
+
+def workloads_table(ws: list[dict], *, wide: bool = False) -> Table:
+    """Services (and the other kinds of several units) as `plinth ls` lists them under the
+    jobs: replicas desired / ready, request rate, p99 against the SLO, SLO attainment."""
+    t = Table(box=None, header_style="bold", pad_edge=False)
+    cols = ["WORKLOAD", "KIND", "TENANT", "STATE", "REPLICAS", "RATE", "P99", "SLO", "IN SLO"]
+    for col in [*cols, *(["URL"] if wide else [])]:
+        t.add_column(col, justify="right" if col in ("REPLICAS", "RATE", "P99", "SLO",
+                                                      "IN SLO") else "left", no_wrap=True)
+    for w in ws:
+        st, spec_slo = w["status"], None
+        if w["kind"] == "Service":
+            spec_slo = st.get("slo_ms")
+        attained = st.get("slo_attainment")
+        row = [w["name"], w["kind"], w["tenant"], w["state"],
+               f"{st.get('desired', '-')}/{st.get('ready', 0)}",
+               f"{st.get('rate_rps', 0):g}/s", _ms(st.get("p99_ms")), _ms(spec_slo),
+               "-" if attained is None else f"{100 * attained:.1f}%"]
+        t.add_row(*row, *([st.get("url", "")] if wide else []))
+    return t
+
+
 JobRef = Annotated[str, typer.Argument(metavar="JOB", help="A job id, or ARRAY_INDEX "
-                                                            "for a task of an array.")]
+                                                            "for a task of an array; or a "
+                                                            "service's name.")]
+
+
+def is_job_ref(ref: str) -> bool:
+    return ref.replace("_", "").isdigit()
+
+
+def show_workload(w: dict) -> None:
+    """A service's status (desired replicas and why, load, latency), its units and spec."""
+    import yaml
+
+    st = dict(w["status"])
+    console.print(f"[bold]{w['kind']} {w['name']}[/] (workload {w['id']})  tenant "
+                  f"{w['tenant']}  state {w['state']}", highlight=False)
+    if st.get("url"):
+        console.print(f"address: {st.pop('url')}", highlight=False)
+    if "desired" in st:
+        console.print(f"replicas: {st.pop('desired')} desired, {st.pop('ready', 0)} ready; "
+                      f"load {st.pop('rate_rps', 0):g}/s now, {st.pop('predicted_rps', 0):g}/s "
+                      f"predicted; p99 {_ms(st.pop('p99_ms', None))}", highlight=False)
+    if st.get("reason"):
+        console.print(f"why: {st.pop('reason')}", highlight=False)
+    st.pop("router_port", None)
+    st.pop("decided_at", None)
+    if st:
+        console.print("status: " + ", ".join(f"{k} {v}" for k, v in st.items()),
+                      highlight=False)
+    console.print("[bold]units[/]")
+    for u in w["units"]:
+        console.print(f"  {u['unit']:<12} job {u['job_id']:<6} "
+                      f"[{STATE_STYLE.get(u['state'], '')}]{u['state']}[/]  {u['reason']}",
+                      highlight=False)
+    console.print("[bold]spec[/]")
+    console.print(yaml.safe_dump(w["spec"], sort_keys=False).rstrip(), highlight=False)
 
 
 def show(job: JobRef, server: Server = None, token: Token = None) -> None:
-    """A job's spec, allocation, events, and why it is pending."""
+    """A job's spec, allocation, events, and why it is pending; or a service's status."""
     import yaml
 
     with Client(server, token) as c:
+        if not is_job_ref(job):
+            show_workload(c.workload(job))
+            return
         j = c.job(job_ref(c, job))
     console.print(f"[bold]job {j['id']}[/] {j['name']}  tenant {j['tenant']}  state "
                   f"[{STATE_STYLE.get(j['state'], '')}]{j['state']}[/]  attempt {j['attempt']}  "
@@ -314,6 +407,9 @@ def cancel(jobs: Annotated[list[str], typer.Argument(
     with Client(server, token) as c:
         for job in jobs:
             try:
+                if not is_job_ref(job):
+                    console.print(f"{job}: {c.cancel_workload(job)['state']}", highlight=False)
+                    continue
                 console.print(f"job {job}: {c.cancel(job_ref(c, job), array='_' not in job)}",
                               highlight=False)
             except PlinthError as e:

@@ -1,5 +1,6 @@
-"""`plinth quickstart` (what `make run` does): start the platform, submit the bundled examples,
-watch them run and finish, then stop the platform."""
+"""`plinth quickstart` (what `make run` does): start the platform, submit the bundled examples
+(a job, a gang, a fractional-GPU job, and a service that gets requests all the while), watch
+them run and finish, then stop the platform."""
 
 from __future__ import annotations
 
@@ -14,13 +15,18 @@ from typing import Annotated
 import typer
 from rich.live import Live
 
-from plinth.cli.platform import console, jobs_table, nodes_table
+from rich.console import Group
+
+from plinth.cli.platform import console, jobs_table, nodes_table, workloads_table
 from plinth.client import Client
 from plinth.sched.lifecycle import State
 from plinth.core.errors import PlinthError
 from plinth.core.net import free_port
+from plinth.serve.loadgen import ClosedLoop
 
 EXAMPLES = ("train.yaml", "gang.yaml", "fraction.yaml")
+SERVICE = Path("examples/serve/service.yaml")
+IMAGE = '{"inputs": [[[' + ",".join(["[" + ",".join(["0.5"] * 28) + "]"] * 28) + "]]]}"
 
 
 def start_server(home: Path, port: int, *extra: str, log: Path | None = None
@@ -85,9 +91,11 @@ def quickstart(
     from plinth.runtime.gpu import discover_gpus
 
     shutil.rmtree(home, ignore_errors=True)
+    shutil.rmtree(home.with_name(home.name + "-jobs"), ignore_errors=True)  # as root: theirs
     home.mkdir(parents=True)
     extra = [] if discover_gpus() else ["--fake-gpus", fake_gpus or "4xA100"]
     port = free_port()
+    extra += ["--serve-port", str(free_port()), "--serve-tick", "2"]
     console.print(f"starting the control plane: plinth up --home {home} --port {port} "
                   f"{' '.join(extra)}", highlight=False)
     proc = start_server(home.resolve(), port, *extra)
@@ -98,21 +106,43 @@ def quickstart(
             h = c.health()
             console.print(f"up: {h['gpus']} GPUs, policy {h['policy']}, isolation "
                           f"{h['isolation']}", highlight=False)
+            w = c.submit_workload(SERVICE)  # first: its replica takes its CPUs before the jobs
+            console.print(f"plinth submit {SERVICE}  ->  Service {w['name']} at "
+                          f"{w['status']['url']}", highlight=False)
+            deadline = time.monotonic() + timeout
             ids = []
             for name in EXAMPLES:
                 job = c.submit(examples / name)
                 ids.append(job)
                 console.print(f"plinth submit {examples / name}  ->  job {job}", highlight=False)
-            deadline = time.monotonic() + timeout
-            with Live(console=console, auto_refresh=False) as live:
-                while True:
-                    jobs = [c.job(j) for j in ids]
-                    live.update(jobs_table(jobs), refresh=True)
-                    if all(State(j["state"]).terminal for j in jobs):
-                        break
-                    if time.monotonic() > deadline:
-                        raise PlinthError(f"examples still running after {timeout:g} s")
-                    time.sleep(0.5)
+            while not c.workload(w["name"])["status"].get("ready"):  # then send it requests
+                if time.monotonic() > deadline:
+                    raise PlinthError(f"service {w['name']} not serving after {timeout:g} s")
+                time.sleep(0.2)
+            load = ClosedLoop(w["status"]["url"], IMAGE, clients=4).start()
+            try:
+                with Live(console=console, auto_refresh=False) as live:
+                    while True:
+                        jobs = [c.job(j) for j in ids]
+                        svc = c.workload(w["name"])
+                        served = f"requests answered: {load.codes}"
+                        live.update(Group(jobs_table(jobs), "", workloads_table([svc]), served),
+                                    refresh=True)
+                        if all(State(j["state"]).terminal for j in jobs):
+                            break
+                        if time.monotonic() > deadline:
+                            raise PlinthError(f"examples still running after {timeout:g} s")
+                        time.sleep(0.5)
+            finally:
+                load.stop()
+            c.cancel_workload(w["name"])
+            ok = load.codes.get(200, 0)
+            lost = {k: n for k, n in load.codes.items() if k not in (200, 503)}
+            console.print(f"[bold]service {w['name']}[/]: {ok} requests answered, p99 "
+                          f"{load.p99_ms():.1f} ms (SLO {svc['status']['slo_ms']:g} ms), "
+                          f"{svc['status']['desired']} replicas at the end"
+                          + (f"; failed: {lost}" if lost else ""), highlight=False)
+            failed |= ok == 0 or bool(lost)
             console.print()
             console.print(nodes_table(c.nodes()))
             for j in jobs:

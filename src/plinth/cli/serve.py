@@ -49,7 +49,8 @@ def sim(
         help=f"Per-minute count trace (Faro JSONL, or Azure LLM CSV) [default: "
              f"${TRACES_ENV}/{DEFAULT_TRACE}].")] = None,
     service_time: Annotated[str | None, typer.Option(
-        help=f"Service-time fit (YAML) [default: ${TRACES_ENV}/{DEFAULT_SERVICE}].")] = None,
+        help=f"Service-time fit: a YAML file, or faro-10job (the fit of Faro's 10-job "
+             f"experiment) [default: ${TRACES_ENV}/{DEFAULT_SERVICE}].")] = None,
     slo_ms: Annotated[float, typer.Option(help="Latency SLO per request (ms).")] = 720.0,
     cpus: Annotated[int, typer.Option(help="Quota: replicas in all (1 CPU each).")] = 32,
     policy: Annotated[str, typer.Option(help="Policy (see `plinth serve policies`).")] =
@@ -58,7 +59,19 @@ def sim(
     minutes: Annotated[str | None, typer.Option(help="Part of the trace, START:END.")] = None,
     jobs: Annotated[int | None, typer.Option(help="Only the first N jobs.")] = None,
     quantile: Annotated[float, typer.Option(help="Faro's forecast quantile.")] = 0.6,
-    cold_start_s: Annotated[float, typer.Option(help="Replica cold start (s).")] = 10.0,
+    cold_start_s: Annotated[float | None, typer.Option(
+        "--cold-start-s", "--cold-start",
+        help="Replica cold start (s) [default: the measured start of a real replica, "
+             "plinth.serve.sim.COLD_START_S; Faro's simulator uses 35].")] = None,
+    queueing: Annotated[str, typer.Option(
+        help="router (the platform's: fewest in flight, 4 per replica, a queue per replica), "
+             "round-robin (Faro's router) or fifo (one central queue).")] = "router",
+    arrivals: Annotated[str, typer.Option(
+        help="uniform (each minute's count at uniform random times) or poisson (a Poisson "
+             "process at the minute's rate).")] = "uniform",
+    compress: Annotated[float, typer.Option(
+        help="Time compression c: a trace minute lasts 60/c s, service times, SLO and control "
+             "periods shrink by c, the cold start stays real (e.g. 10: 60 s -> 6 s).")] = 1.0,
     seed: Annotated[int, typer.Option()] = 0,
     json_path: Annotated[str | None, typer.Option("--json", help="Write results JSON.")] = None,
     out: Annotated[str | None, typer.Option(help="Folder for plots.")] = "results/serve",
@@ -66,7 +79,7 @@ def sim(
     """Replay a trace under one or more autoscaling policies and compare them."""
     from plinth.serve import report
     from plinth.serve.policies import POLICIES, make_policy
-    from plinth.serve.sim import SimConfig, simulate
+    from plinth.serve.sim import COLD_START_S, SimConfig, simulate
     from plinth.serve.traces import load_service_time, load_trace
 
     if not 0.0 < quantile < 1.0:
@@ -81,16 +94,22 @@ def sim(
         tr = tr.first_jobs(jobs)
     service_time = service_time or _in_traces("--service-time", DEFAULT_SERVICE)
     cfg = SimConfig(service=load_service_time(service_time), slo_s=slo_ms / 1000.0, quota=cpus,
-                    cold_start_s=cold_start_s, seed=seed)
+                    cold_start_s=COLD_START_S if cold_start_s is None else cold_start_s,
+                    queueing=queueing, arrivals=arrivals, compress=compress, seed=seed)
     console.print(f"[bold]{len(tr.jobs)} jobs × {tr.minutes} min[/bold] from {trace}; "
                   f"{cpus} CPUs, SLO {slo_ms:g} ms, service mean {cfg.service.mean * 1000:.0f} ms")
+    console.print(f"cold start {cfg.cold_start_s:g} s, queueing {queueing}, arrivals {arrivals}, "
+                  f"service {service_time}, seed {seed}"
+                  + (f", compressed {compress:g}x (latencies in compressed seconds)"
+                     if compress != 1 else ""), style="dim")
     results = []
     for p in policies:
         results.append(simulate(tr, p, cfg))
         console.print(f"{p.name}: {results[-1].wall_s:.1f} s", style="dim")
     console.print(report.table(results, f"{Path(trace).name} · {cpus} CPUs"))
     if json_path:
-        report.write_json(results, json_path, {"cpus": cpus, "trace": Path(trace).name})
+        report.write_json(results, json_path, {"cpus": cpus, "trace": Path(trace).name,
+                                               "service_fit": service_time, **cfg.label()})
         console.print(f"results: {json_path}")
     if out:
         for path in report.plot(results, out):
@@ -110,66 +129,3 @@ def policies() -> None:
             line = (f"Faro, {policy.objective} objective"
                     f"{', with request dropping' if policy.drop else ''}: {line}")
         console.print(f"[bold]{name:18}[/bold] {line}")
-
-
-@app.command()
-def up(
-    config: Annotated[str, typer.Argument(help="Serving config (YAML).")],
-    duration_s: Annotated[float | None, typer.Option(help="Stop after this long.")] = None,
-    load_rps: Annotated[float, typer.Option(help="Send synthetic Poisson traffic at this rate "
-                                                 "per job (0: none).")] = 0.0,
-) -> None:
-    """Serve real PyTorch replicas behind the router; the autoscaler sets their counts."""
-    import threading
-    import time
-
-    import httpx
-    import numpy as np
-
-    from plinth.core.spec import load_spec
-    from plinth.serve.serving import LocalServing
-
-    spec = load_spec(Path(config), kind="Service")
-    if load_rps < 0:
-        raise SpecError(f"--load-rps: {load_rps} must be >= 0")
-    serving = LocalServing(spec)
-    console.print(f"starting {sum(j.replicas for j in spec.jobs)} replicas …")
-    serving.start()
-    console.print(f"router on {serving.url} (POST /v1/JOB/infer, GET /metrics); "
-                  f"policy {spec.policy}, quota {spec.quota}")
-    stop = threading.Event()
-
-    def traffic(job: str, seed: int) -> None:
-        rng = np.random.default_rng(seed)
-        body = {"inputs": rng.random((1, 784)).round(3).tolist()}
-        with httpx.Client(timeout=spec.router.timeout_s + 5) as client:
-            while not stop.wait(rng.exponential(1.0 / load_rps)):
-                threading.Thread(target=lambda: _post(client, f"{serving.url}/v1/{job}/infer",
-                                                      body), daemon=True).start()
-
-    if load_rps > 0:
-        for i, j in enumerate(spec.jobs):
-            threading.Thread(target=traffic, args=(j.name, i), daemon=True).start()
-
-    def show(s: LocalServing, d) -> None:
-        counts = ", ".join(f"{k}={v}" for k, v in s.replica_counts().items())
-        console.print(f"[dim]{time.strftime('%H:%M:%S')}[/dim] replicas {counts}"
-                      + (f" · {d.reason}" if d else ""))
-
-    try:
-        serving.run(duration_s, on_tick=show)
-    except KeyboardInterrupt:
-        pass
-    finally:
-        stop.set()
-        serving.stop()
-        console.print("stopped")
-
-
-def _post(client, url: str, body: dict) -> None:
-    import httpx
-
-    try:
-        client.post(url, json=body)
-    except httpx.HTTPError:
-        pass  # the router counts it; the load generator only makes traffic

@@ -25,7 +25,8 @@ from plinth.control.service import Conflict, ControlPlane, NotFound
 from plinth.control.spec import JobSpec
 from plinth.control.store import TOKEN_ID_CHARS, digest
 from plinth.core.errors import PlinthError, SpecError, UnplaceableError
-from plinth.core.spec import errors_message
+from plinth.core.spec import errors_message, spec_from_dict
+from plinth.control.kinds import check_kind
 
 LOG_CHUNK = 1 << 20
 MAX_ID = 2**63 - 1  # SQL BIGINT
@@ -135,6 +136,31 @@ class TokenInfo(BaseModel):
     expires: float | None
 
 
+class UnitOut(BaseModel):
+    unit: str  # "replica-2"
+    job_id: int  # its newest job
+    state: str
+    attempt: int
+    reason: str
+
+
+class WorkloadOut(BaseModel):
+    id: int
+    kind: str  # Service, ...
+    name: str
+    tenant: str
+    state: str  # active, succeeded, failed, cancelled
+    submit_time: float
+    end_time: float | None
+    status: dict[str, Any]  # its controller's: desired size and why, addresses, load
+    units: list[UnitOut]
+
+
+class WorkloadDetail(WorkloadOut):
+    spec: dict[str, Any]
+    history: list[UnitOut]  # every job its units have had, oldest first
+
+
 class Health(BaseModel):
     status: str
     version: str
@@ -230,14 +256,18 @@ def create_app(cp: ControlPlane, auth: Auth, *,
                 "isolation": getattr(cp.runtime, "isolation", "none"),
                 "min_runtime_s": cp.config.min_runtime, "round_s": cp.config.round_s}
 
-    @app.post("/v1/jobs", response_model=Submitted, status_code=201)
-    async def submit(spec: JobSpec, who: Who) -> dict:
-        tenant = spec.tenant or who.tenant
+    def tenant_for(asked: str | None, who: Principal) -> str:
+        tenant = asked or who.tenant
         if tenant != who.tenant and not who.admin:
             raise HTTPException(403, f"a token of tenant {who.tenant!r} cannot submit for "
                                      f"tenant {tenant!r}")
         if tenant not in cp.tenant_names:
             raise SpecError(f"tenant: unknown tenant {tenant!r}")
+        return tenant
+
+    @app.post("/v1/jobs", response_model=Submitted, status_code=201)
+    async def submit(spec: JobSpec, who: Who) -> dict:
+        tenant = tenant_for(spec.tenant, who)
         for kind, dep in spec.dependencies():
             found = cp.store.job(dep)
             if found is None or not who.may_see(found["tenant"]):
@@ -306,6 +336,51 @@ def create_app(cp: ControlPlane, auth: Auth, *,
         done = State(row["state"]).terminal and len(data) < LOG_CHUNK
         return {"data": data.decode("utf-8", "replace"), "offset": offset + len(data),
                 "done": done}
+
+    # --- workloads of several units (Service, ...) -------------------------------------------
+
+    def workload_out(row: dict, detail: bool = False) -> dict:
+        units = [{"unit": j["unit"], "job_id": j["id"], "state": j["state"],
+                  "attempt": j["attempt"], "reason": j["reason"]}
+                 for j in cp.store.units(row["id"])]
+        latest = {u["unit"]: u for u in units}  # a unit's newest job
+        out = {k: row[k] for k in ("id", "kind", "name", "tenant", "state", "submit_time",
+                                   "end_time")}
+        live = cp.workloads.active.get(row["id"])
+        out["status"] = dict(live.status) if live is not None else row["status"]
+        out["units"] = sorted(latest.values(), key=lambda u: u["unit"])
+        if detail:
+            out["spec"], out["history"] = row["spec"], units
+        return out
+
+    def visible_workload(ref: str, who: Principal) -> dict:
+        return cp.workloads.find(ref, None if who.admin else who.tenant)
+
+    @app.post("/v1/workloads", response_model=WorkloadOut, status_code=201)
+    def submit_workload(body: dict[str, Any], who: Who) -> dict:
+        """Submit a spec of a kind with several units (`kind: Service`); a Job goes to
+        /v1/jobs."""
+        spec = spec_from_dict(body, source="")
+        if spec.kind == "Job":
+            raise SpecError("kind: a Job is submitted to /v1/jobs")
+        check_kind(spec)
+        w = cp.workloads.submit(spec, tenant_for(spec.tenant, who))
+        return workload_out(cp.store.workloads(name=w.name, tenant=w.tenant)[0])
+
+    @app.get("/v1/workloads", response_model=list[WorkloadOut])
+    def list_workloads(who: Who, all: bool = False) -> list[dict]:
+        rows = cp.workloads.rows(None if who.admin else who.tenant, None if all else True)
+        return [workload_out(r) for r in rows]
+
+    @app.get("/v1/workloads/{ref}", response_model=WorkloadDetail)
+    def show_workload(ref: Annotated[str, Path(max_length=64)], who: Who) -> dict:
+        return workload_out(visible_workload(ref, who), detail=True)
+
+    @app.post("/v1/workloads/{ref}/cancel", response_model=WorkloadOut)
+    def cancel_workload(ref: Annotated[str, Path(max_length=64)], who: Who) -> dict:
+        row = visible_workload(ref, who)
+        cp.workloads.cancel(row["id"])
+        return workload_out(cp.workloads.find(str(row["id"]), row["tenant"]))
 
     @app.get("/v1/nodes", response_model=list[NodeInfo])
     async def nodes(who: Who) -> list[dict]:

@@ -5,17 +5,18 @@ the runtime units it needs and decides how many there are. The scheduler then pl
 unit as a job, and only `plinth.runtime` starts processes. Controllers decide *how much*; the
 owner (`plinth.sched.owner`) decides *where and when*.
 
-    controller.units(spec, observed, now) -> list[Unit]
+    controller.units(workload, observed, now) -> list[Unit]
 
-It is a pure function of the workload's spec, the units of it that exist now (by name, with
-their state), and the time. The control plane reconciles what it returns with what exists
-(`reconcile`): it submits each wanted unit that does not exist yet, and cancels each unit that
-is no longer wanted. The kinds map onto this as follows:
+It is a function of the workload (its spec and the status its controller keeps), the units of
+it that exist now (by name, with their job's state), and the time. The control plane
+(`plinth.control.workloads`) reconciles what it returns with what exists (`reconcile`): it
+submits each wanted unit that does not exist or has ended (a replacement), and cancels each
+live unit that is no longer wanted. The kinds map onto this as follows:
 
-- `Job`: one unit, the job's gang, wanted once and never resized (a finished job is not
-  started again).
-- `Service` (the next issue): a replica set whose size the autoscaler picks. Its units are
-  `replica-0..N-1`; scaling down drops the highest names.
+- `Job`: one unit, the job's gang, run once. A Job is submitted as that job directly (the
+  submit path is hot) and has no controller or workload record.
+- `Service`: a replica set whose size the autoscaler picks (`plinth.serve.workload`). Its units
+  are `replica-0..N-1`; scaling down drops the highest names; a replica that dies is replaced.
 - `FLTask`: a tree of aggregators. A leaf aggregator sets `colocate_with` to name the unit it
   must share a node with.
 - `Tune`: a set of fractional-GPU tuning servers.
@@ -27,8 +28,8 @@ one line, rather than placing it anywhere.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
-from typing import Protocol
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from plinth.control.spec import JobSpec
 from plinth.core.errors import SpecError
@@ -54,46 +55,48 @@ class Observed:
     state: State
 
 
+@dataclass(slots=True)
+class Workload:
+    """A submitted workload as its controller sees it. `status` is the controller's own record
+    (desired size, why, addresses), stored with the workload and shown by `plinth show`;
+    `secret` is shared by its units (from the OS CSPRNG), e.g. for replicas to join a router."""
+
+    id: int
+    kind: str
+    name: str
+    tenant: str
+    spec: Any
+    status: dict[str, Any] = field(default_factory=dict)
+    secret: str = ""
+
+
 class Controller(Protocol):
     kind: str
 
-    def units(self, spec: object, observed: Mapping[str, Observed], now: float) -> list[Unit]:
+    def units(self, w: Workload, observed: Mapping[str, Observed], now: float) -> list[Unit]:
         """The units the workload should have now."""
         ...
 
 
-class JobController:
-    """A Job is its one gang, submitted once."""
-
-    kind = "Job"
-
-    def units(self, spec: object, observed: Mapping[str, Observed], now: float) -> list[Unit]:
-        if not isinstance(spec, JobSpec):
-            raise SpecError(f"kind Job: expected a Job spec, got {type(spec).__name__}")
-        if observed:  # it exists, or existed: a finished job is not run again
-            return [Unit(name, spec) for name in observed]
-        return [Unit("job", spec)]
-
-
 CONTROLLERS: Registry[type] = Registry("workload kind")
-CONTROLLERS.add("Job", JobController)
+CONTROLLERS.add("Service", "plinth.serve.workload:ServiceController")
 
 
-def controller_for(spec: object) -> Controller:
-    """The controller of a spec's kind; a kind the control plane does not run yet is a
-    one-line error naming the command that runs it."""
+def check_kind(spec: object) -> str:
+    """The kind of a spec the control plane runs; a kind it does not run yet is a one-line
+    error naming the command that runs it."""
     kind = getattr(spec, "kind", "Job")
-    if kind not in CONTROLLERS.names():
+    if kind != "Job" and kind not in CONTROLLERS.names():
         run_with = getattr(spec, "run_with", "its own command")
         raise SpecError(f"kind: the control plane does not run {kind} specs yet; use "
                         f"`{run_with}` meanwhile")
-    return CONTROLLERS.make(kind)
+    return kind
 
 
 def reconcile(wanted: Iterable[Unit], observed: Mapping[str, Observed]
               ) -> tuple[list[Unit], list[int]]:
-    """What to submit (wanted, not there) and which jobs to cancel (there, not wanted and not
-    finished), in a stable order."""
+    """What to submit (wanted, and not there or ended: a replacement) and which jobs to cancel
+    (live, not wanted), in a stable order."""
     wanted = list(wanted)
     names = [u.name for u in wanted]
     if len(names) != len(set(names)):
@@ -102,7 +105,7 @@ def reconcile(wanted: Iterable[Unit], observed: Mapping[str, Observed]
         if u.colocate_with is not None:
             raise SpecError(f"units[{u.name}].colocate_with: placement on the node of "
                             f"{u.colocate_with!r} is not supported by the scheduler yet")
-    add = [u for u in wanted if u.name not in observed]
+    add = [u for u in wanted if u.name not in observed or observed[u.name].state.terminal]
     keep = set(names)
     drop = [o.job_id for name, o in sorted(observed.items())
             if name not in keep and not o.state.terminal]

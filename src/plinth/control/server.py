@@ -44,6 +44,13 @@ class ServerConfig:
     # Where tenants' jobs keep their checkpoints when each tenant runs as its own Unix user
     # (as root); default: PLINTH_HOME-jobs next to PLINTH_HOME. See plinth.control.users.
     jobs_dir: Path | None = None
+    # Services (plinth.serve.workload): the router's port (0: any free one, kept across
+    # restarts), the autoscaling policy, its tick, and the wall seconds of one minute of
+    # arrivals history (less than 60 replays a trace faster).
+    serve_port: int = 8700
+    serve_policy: str = "faro-fairsum"
+    serve_tick_s: float = 10.0
+    serve_minute_s: float = 60.0
 
     @property
     def tenant_jobs_dir(self) -> Path | None:
@@ -83,8 +90,17 @@ def build(cfg: ServerConfig) -> tuple[ControlPlane, Auth]:
     if cfg.round_s <= 0:
         raise SpecError(f"--round: must be > 0 seconds, got {cfg.round_s}")
     config = SchedConfig(min_runtime=cfg.min_runtime_s, round_s=cfg.round_s)
+    from plinth.serve.policies import POLICIES
+
+    POLICIES.check(cfg.serve_policy, field="--serve-policy")
+    if cfg.serve_tick_s <= 0 or cfg.serve_minute_s <= 0:
+        raise SpecError("--serve-tick and --serve-minute: must be > 0 seconds")
+    service = {"host": cfg.host if _loopback(cfg.host) else "0.0.0.0", "port": cfg.serve_port,
+               "policy": cfg.serve_policy, "tick_s": cfg.serve_tick_s,
+               "minute_s": cfg.serve_minute_s}
     cp = ControlPlane(store, runtime, home=cfg.home, policy=cfg.policy, config=config,
-                      grace_s=cfg.grace_s, jobs_dir=cfg.tenant_jobs_dir)
+                      grace_s=cfg.grace_s, jobs_dir=cfg.tenant_jobs_dir,
+                      kinds={"Service": service})
     lock_down(cfg.home, cfg.tenant_jobs_dir)
     holder.append(cp)
     return cp, auth
@@ -109,6 +125,8 @@ def check_network(cfg: ServerConfig) -> list[str]:
     """Refuse bad network options in one line each; return the warnings to print."""
     if not 0 <= cfg.port <= 65535:
         raise SpecError(f"--port: must be in 0..65535, got {cfg.port}")
+    if not 0 <= cfg.serve_port <= 65535:
+        raise SpecError(f"--serve-port: must be in 0..65535, got {cfg.serve_port}")
     if cfg.max_body_bytes < 1024:
         raise SpecError(f"--max-body: must be at least 1024 bytes, got {cfg.max_body_bytes}")
     if (cfg.tls_cert is None) != (cfg.tls_key is None):

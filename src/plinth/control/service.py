@@ -28,11 +28,11 @@ from typing import TypeVar
 
 from plinth.control import users
 from plinth.control.holds import Holds
-from plinth.control.kinds import controller_for, reconcile
 from plinth.control.metrics import ControlMetrics
 from plinth.control.recovery import Recovery, recover
 from plinth.control.spec import MAX_ARRAY_TASKS, JobSpec, parse_array
 from plinth.control.store import Event, GroupCommit, Store
+from plinth.control.workloads import Workloads
 from plinth.core.errors import PlinthError, SpecError, UnplaceableError
 from plinth.core.resources import Allocation, Cluster, Request, TenantQuota, WorkerSlot
 from plinth.core.workload import Job
@@ -100,10 +100,12 @@ def job_from_spec(job_id: int, spec: JobSpec, tenant: str, submit_time: float) -
 class ControlPlane:
     def __init__(self, store: Store, runtime: Runtime, *, home: Path, policy: str = "drf",
                  config: SchedConfig | None = None, grace_s: float = 10.0,
-                 clock: Callable[[], float] = time.time, jobs_dir: Path | None = None) -> None:
+                 clock: Callable[[], float] = time.time, jobs_dir: Path | None = None,
+                 kinds: dict[str, dict] | None = None) -> None:
         """`jobs_dir`: run each tenant's jobs as its own Unix user, with their checkpoints under
         it (needs root; see plinth.control.users). None: every job runs as this process's
-        user, with checkpoints under `home`."""
+        user, with checkpoints under `home`. `kinds`: per workload kind, the options of its
+        controller (`Service`: the router's port, the autoscaling policy...)."""
         self.store, self.runtime, self.home = store, runtime, Path(home)
         self.policy_name, self.grace_s, self.clock = policy, grace_s, clock
         self.jobs_dir = jobs_dir
@@ -126,6 +128,10 @@ class ControlPlane:
         policy_obj = self._rebuild()
         self.owner = o.Owner(self.cluster, policy_obj, self.config, keep_finished=False)
         self.metrics = ControlMetrics(self)  # /metrics; read at scrape time
+        kinds = {k: dict(v) for k, v in (kinds or {}).items()}
+        kinds.setdefault("Service", {}).setdefault(
+            "capacity_cpus", sum(n.cpus_milli for n in self.nodes) / 1000)
+        self.workloads = Workloads(self, kinds)
 
     # --- set-up -------------------------------------------------------------------------------
 
@@ -188,11 +194,13 @@ class ControlPlane:
         if self._thread is not None:
             self._thread.join(timeout=10)
         self.writer.close()
+        self.workloads.close()
         self.runtime.close()
 
     def recover(self) -> None:
         """Rebuild the owner from the store after a (re)start (see plinth.control.recovery)."""
         recover(self)
+        self.workloads.recover()
 
     # --- API-facing operations ----------------------------------------------------------------
 
@@ -206,11 +214,6 @@ class ControlPlane:
     def admit(self, spec: JobSpec, tenant: str) -> tuple[JobSpec, dict, float]:
         """Check a submission; return the spec as stored, its store row, and the submit time.
         A job that can never fit the cluster is rejected here, with the reason."""
-        units, _ = reconcile(controller_for(spec).units(spec, {}, self.clock()), {})
-        if len(units) != 1:  # a Job is one unit; kinds with several need a workload record
-            raise SpecError(f"kind {spec.kind}: {len(units)} units; the control plane runs "
-                            "one-unit workloads only")
-        spec = units[0].spec
         req = spec.request()
         why = self._never_fits.get(req, "")
         if why == "":
@@ -399,6 +402,7 @@ class ControlPlane:
                 self._next_pass = time.monotonic() + max(MIN_PASS_INTERVAL_S, 9 * out.policy_s)
                 self.metrics.scheduled(out)
             self._carry_out(out, now)
+            self.workloads.tick(now)
             if self.holds.dirty and self.holds.jobs:  # a job ended or started: look again
                 self._wake.set()
 
@@ -452,6 +456,7 @@ class ControlPlane:
         at = t.at
         if t.new.terminal:
             self.holds.ended(t.job_id, self.specs.pop(t.job_id, None))
+            self.workloads.job_ended(t.job_id, t.new)
             ended = self._ended_at.pop(t.job_id, None)
             if ended is not None and "end_time" in fields:
                 at = fields["end_time"] = min(ended, t.at)

@@ -53,6 +53,25 @@ jobs = sa.Table(
     sa.Column("checkpoint_time", sa.Float),
     sa.Column("array_id", sa.Integer, index=True),  # a job array's id: its first task's
     sa.Column("array_index", sa.Integer),  # the task's index in its array
+    sa.Column("workload_id", sa.Integer, index=True),  # a unit of this workload (not a Job),
+    sa.Column("unit", sa.String(64)),  # by this name within it ("replica-2")
+)
+
+# Workloads of the kinds with several units (a Service, an FLTask, a Tune): the spec as
+# submitted, and the status its controller keeps (desired size, why, addresses). Their units
+# are ordinary jobs that point back here. A Job is its own one unit and has no row here.
+workloads = sa.Table(
+    "workloads", metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("kind", sa.String(16), nullable=False),
+    sa.Column("name", sa.String(64), nullable=False, index=True),
+    sa.Column("tenant", sa.String(64), nullable=False, index=True),
+    sa.Column("state", sa.String(16), nullable=False),  # active, succeeded, failed, cancelled
+    sa.Column("spec", sa.JSON, nullable=False),
+    sa.Column("status", sa.JSON, nullable=False),
+    sa.Column("secret", sa.String(64), nullable=False),  # its units' shared secret (CSPRNG)
+    sa.Column("submit_time", sa.Float, nullable=False),
+    sa.Column("end_time", sa.Float),
 )
 
 events = sa.Table(
@@ -245,6 +264,38 @@ class Store:
         with self.engine.connect() as c:
             return [dict(r) for r in c.execute(q).mappings()]
 
+    # --- workloads ----------------------------------------------------------------------------
+
+    def insert_workload(self, row: Mapping[str, Any], now: float) -> int:
+        with self._write, self.engine.begin() as c:
+            return int(c.execute(workloads.insert().values(**row, state="active",
+                                                           submit_time=now)
+                                 ).inserted_primary_key[0])
+
+    def update_workload(self, workload_id: int, **fields: Any) -> None:
+        with self._write, self.engine.begin() as c:
+            c.execute(workloads.update().where(workloads.c.id == workload_id).values(**fields))
+
+    def workloads(self, *, tenant: str | None = None, active: bool | None = None,
+                  name: str | None = None) -> list[dict]:
+        """Workloads matching the filters, newest first."""
+        q = workloads.select().order_by(workloads.c.id.desc())
+        if tenant is not None:
+            q = q.where(workloads.c.tenant == tenant)
+        if active is not None:
+            q = q.where((workloads.c.state == "active") if active else
+                        (workloads.c.state != "active"))
+        if name is not None:
+            q = q.where(workloads.c.name == name)
+        with self.engine.connect() as c:
+            return [dict(r) for r in c.execute(q).mappings()]
+
+    def units(self, workload_id: int) -> list[dict]:
+        """The jobs of a workload's units, oldest first."""
+        q = jobs.select().where(jobs.c.workload_id == workload_id).order_by(jobs.c.id)
+        with self.engine.connect() as c:
+            return [dict(r) for r in c.execute(q).mappings()]
+
     # --- tenants and tokens ---------------------------------------------------------------
 
     def put_tenant(self, name: str, gpus: float | None, borrowing_limit: float | None,
@@ -297,7 +348,7 @@ class Store:
 
 
 _JOB_COLUMNS = ("name", "tenant", "priority", "spec", "reason", "state", "submit_time", "attempt",
-                "preemptions", "array_index")
+                "preemptions", "array_index", "workload_id", "unit")
 _SQLITE_JOB = (f"INSERT INTO jobs ({', '.join(_JOB_COLUMNS)}) "
                f"VALUES ({', '.join('?' * len(_JOB_COLUMNS))})")
 _SQLITE_EVENT = "INSERT INTO events (job_id, time, kind, message) VALUES (?, ?, ?, ?)"
@@ -313,7 +364,8 @@ def _sqlite_insert_jobs(conn: Any, batch: Sequence[tuple[Mapping[str, Any], floa
     for row, now, message in batch:
         cur.execute(_SQLITE_JOB, (row["name"], row["tenant"], row.get("priority", 0),
                                   json.dumps(row["spec"]), row.get("reason", ""),
-                                  State.PENDING.value, now, 0, 0, row.get("array_index")))
+                                  State.PENDING.value, now, 0, 0, row.get("array_index"),
+                                  row.get("workload_id"), row.get("unit")))
         ids.append(int(cur.lastrowid))
         evs.append((cur.lastrowid, now, "submitted", message))
     cur.executemany(_SQLITE_EVENT, evs)

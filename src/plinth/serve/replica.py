@@ -1,80 +1,396 @@
-"""One model replica: a small PyTorch model behind HTTP, run as its own process.
+"""One model replica: the user's model behind HTTP with dynamic batching, run as its own process.
 
-    python -m plinth.serve.replica --port 9001 --model tiny-cnn
+    python -m plinth.serve.replica --model examples.serve.cnn:make --input-shape 1,28,28 \\
+        --slo-ms 100 [--handler examples.serve.handler:Handler] [--max-batch 0] \\
+        [--max-wait-ms 5] [--host 127.0.0.1] [--port 0] [--workdir DIR] \\
+        [--register URL] [--unit NAME]
 
-POST /infer with {"inputs": [[...], ...]} (a batch of flattened 28×28 images, or any length that
-the model reshapes) returns {"classes": [...]}. GET /healthz answers once the model is loaded.
-The weights are seeded, so every replica answers the same; one torch thread per replica, matching
-one CPU per replica.
+At startup the replica loads the model (see `plinth.serve.model`), times it per batch size and
+picks its batch size (see `plinth.serve.batching`); only then does it listen and print one line,
+``ready http://HOST:PORT``. HTTP:
+
+- GET /healthz: 200 (the model is loaded and profiled before the port opens).
+- POST /infer: a JSON body goes through the handler (default: ``{"inputs": [...]}`` in,
+  ``{"outputs": [...], "classes": [...]}`` out); a body of type ``application/x-npy`` is one
+  `numpy.save` array (a batch, cast to float32), answered with the outputs as npy. A body the
+  replica cannot use is a 400 naming the reason; the model failing is a 500.
+- GET /stats: {batch_size, requests, batches, p50_ms, p99_ms, ...}.
+
+With --register URL it POSTs {"unit", "url"} to URL with ``Authorization: Bearer
+$PLINTH_REPLICA_SECRET`` once ready and every second after. On SIGTERM it stops the heartbeat,
+POSTs the same body to URL/leave, finishes the requests it holds and exits 0.
+
+The model runs on one torch thread unless OMP_NUM_THREADS says otherwise: a replica is one CPU.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
+import io
+import json
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import IO, Any, Self
 
+import httpx
+import numpy as np
 import torch
-from fastapi import FastAPI, HTTPException
-from pydantic import BaseModel
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
 
-from plinth.serve.spec import MODELS
+from plinth.core.errors import PlinthError, SpecError
+from plinth.serve.batching import (
+    ADAPTIVE_CAP,
+    SLO_SHARE,
+    BatchChoice,
+    Batcher,
+    bounded_wait_ms,
+    choose_batch_size,
+    profile,
+    profile_sizes,
+)
+from plinth.serve.model import (
+    DefaultHandler,
+    Forward,
+    Handler,
+    forward_fn,
+    load_handler,
+    load_model,
+    parse_shape,
+    try_example,
+)
 
-SIDE = 28
-
-
-def tiny_cnn() -> torch.nn.Module:
-    return torch.nn.Sequential(
-        torch.nn.Unflatten(1, (1, SIDE, SIDE)),
-        torch.nn.Conv2d(1, 16, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
-        torch.nn.Conv2d(16, 32, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
-        torch.nn.Flatten(), torch.nn.Linear(32 * 7 * 7, 10))
-
-
-def mlp() -> torch.nn.Module:
-    return torch.nn.Sequential(torch.nn.Linear(SIDE * SIDE, 256), torch.nn.ReLU(),
-                               torch.nn.Linear(256, 10))
-
-
-def build_model(name: str) -> torch.nn.Module:
-    """The model `name` (see plinth.serve.spec.MODELS), with seeded weights."""
-    torch.manual_seed(0)
-    return MODELS.make(name).eval()
-
-
-class InferRequest(BaseModel):
-    inputs: list[list[float]]
-
-
-def make_app(model_name: str) -> FastAPI:
-    net = build_model(model_name)
-    app = FastAPI(title=f"plinth replica ({model_name})")
-
-    @app.get("/healthz")
-    def healthz() -> dict[str, str]:
-        return {"status": "ok", "model": model_name}
-
-    @app.post("/infer")
-    def infer(req: InferRequest) -> dict[str, list[int]]:
-        # A sync handler: FastAPI runs it in a worker thread; torch uses one intra-op thread.
-        x = torch.tensor(req.inputs, dtype=torch.float32)
-        if x.ndim != 2 or x.shape[1] != SIDE * SIDE:
-            raise HTTPException(422, f"inputs: expected rows of {SIDE * SIDE} numbers")
-        with torch.inference_mode():
-            return {"classes": net(x).argmax(dim=1).tolist()}
-
-    return app
+NPY = "application/x-npy"
+SECRET_ENV = "PLINTH_REPLICA_SECRET"
+HEARTBEAT_S = 1.0
 
 
-def main() -> None:
-    import uvicorn
+class BadInput(ValueError):
+    """A request body the replica cannot use: answered with 400, never raised further."""
 
-    ap = argparse.ArgumentParser(description="one plinth model replica")
+
+# --- request bodies -----------------------------------------------------------------------------
+
+
+def decode_npy(body: bytes) -> torch.Tensor:
+    """One `numpy.save` array as a float32 tensor."""
+    try:
+        a = np.load(io.BytesIO(body), allow_pickle=False)
+    except Exception as e:  # numpy raises several kinds on garbage
+        raise BadInput(f"body: not a .npy array ({type(e).__name__}: "
+                       f"{str(e).splitlines()[0] if str(e) else ''})") from e
+    if not isinstance(a, np.ndarray):
+        raise BadInput("body: expected one .npy array, got an .npz archive")
+    if a.dtype.kind not in "biuf":
+        raise BadInput(f"body: expected a numeric array, got dtype {a.dtype}")
+    return torch.from_numpy(np.array(a, dtype=np.float32, order="C", copy=True))
+
+
+def encode_npy(y: torch.Tensor) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, y.numpy(), allow_pickle=False)
+    return buf.getvalue()
+
+
+def check_batch(x: Any, shape: tuple[int, ...], what: str) -> torch.Tensor:
+    """`x` if it is a batch of examples of `shape`, else a BadInput naming both shapes."""
+    want = f"(N, {', '.join(map(str, shape))})"
+    if not isinstance(x, torch.Tensor):
+        raise BadInput(f"{what}: expected a tensor of shape {want}, got {type(x).__name__}")
+    if x.ndim != len(shape) + 1 or tuple(x.shape[1:]) != shape or x.shape[0] < 1:
+        raise BadInput(f"{what}: expected a batch of shape {want}, got {tuple(x.shape)}")
+    return x
+
+
+# --- the replica --------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Loaded:
+    """A model ready to serve: what the app needs, decided once at startup."""
+
+    ref: str
+    input_shape: tuple[int, ...]
+    forward: Forward
+    handler: Handler
+    choice: BatchChoice
+    profile_ms: dict[int, float]
+    profile_stop: str
+    max_wait_ms: float
+
+
+def prepare(args: argparse.Namespace, executor: ThreadPoolExecutor) -> Loaded:
+    """Load, try and profile the model on the worker thread, and choose the batch size."""
+    shape = parse_shape(args.input_shape)
+    forward = forward_fn(load_model(args.model, workdir=args.workdir))
+    handler = load_handler(args.handler, workdir=args.workdir)
+    executor.submit(try_example, forward, shape).result()
+    if args.max_batch == 0:
+        times, stop = executor.submit(profile, forward, shape, profile_sizes(ADAPTIVE_CAP),
+                                      stop_above_ms=SLO_SHARE * args.slo_ms).result()
+        choice = choose_batch_size(times, slo_ms=args.slo_ms)
+    else:
+        sizes = sorted({1, args.max_batch})
+        times, stop = executor.submit(profile, forward, shape, sizes).result()
+        if args.max_batch not in times:
+            raise SpecError(f"--max-batch: the model cannot run a batch of {args.max_batch}: "
+                            f"{stop}")
+        choice = BatchChoice(args.max_batch, f"fixed by --max-batch {args.max_batch}")
+    wait = bounded_wait_ms(args.max_wait_ms, slo_ms=args.slo_ms, batch_ms=times[choice.size])
+    return Loaded(args.model, shape, forward, handler, choice, times, stop, wait)
+
+
+def make_app(m: Loaded, batcher: Batcher) -> Starlette:
+    default = isinstance(m.handler, DefaultHandler)
+
+    def error(status: int, reason: str) -> JSONResponse:
+        return JSONResponse({"error": reason}, status)
+
+    async def healthz(request: Request) -> JSONResponse:
+        return JSONResponse({"status": "ok", "model": m.ref, "batch_size": m.choice.size})
+
+    async def stats(request: Request) -> JSONResponse:
+        return JSONResponse({**batcher.snapshot(), "max_wait_ms": m.max_wait_ms,
+                             "reason": m.choice.reason, "profile_stop": m.profile_stop,
+                             "profile_ms": {str(b): round(t, 4) for b, t in m.profile_ms.items()}})
+
+    async def infer(request: Request) -> Response:
+        body = await request.body()
+        npy = request.headers.get("content-type", "").split(";")[0].strip() == NPY
+        try:
+            if npy:
+                x = check_batch(decode_npy(body), m.input_shape, "body")
+            else:
+                try:
+                    payload = json.loads(body)
+                except (ValueError, UnicodeDecodeError) as e:
+                    raise BadInput(f"body: not JSON ({e})") from e
+                try:
+                    x = m.handler.preprocess(payload)
+                except Exception as e:  # the handler refusing the payload
+                    raise BadInput(f"{'' if default else 'handler preprocess: '}"
+                                   f"{str(e) or type(e).__name__}") from e
+                x = check_batch(x, m.input_shape,
+                                "inputs" if default else "handler preprocess returned")
+        except BadInput as e:
+            return error(400, str(e))
+        try:
+            y = await batcher.submit(x)
+        except Exception as e:  # noqa: BLE001 -- the model failing is this request's 500
+            return error(500, f"model: {type(e).__name__}: {str(e)[:500]}")
+        if npy:
+            return Response(encode_npy(y), media_type=NPY)
+        try:
+            return JSONResponse(m.handler.postprocess(y))
+        except Exception as e:  # noqa: BLE001 -- user code failing is this request's 500
+            return error(500, f"handler postprocess: {type(e).__name__}: {str(e)[:500]}")
+
+    return Starlette(routes=[Route("/healthz", healthz), Route("/stats", stats),
+                             Route("/infer", infer, methods=["POST"])])
+
+
+# --- process lifecycle --------------------------------------------------------------------------
+
+
+class _Server(uvicorn.Server):
+    """uvicorn without its own signal handling: the replica takes SIGTERM itself, to leave the
+    router before it drains (uvicorn would also re-raise the signal and exit non-zero)."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+async def _post(client: httpx.AsyncClient, url: str, body: dict[str, str],
+                warned: set[int]) -> None:
+    try:
+        r = await client.post(url, json=body)
+    except httpx.HTTPError:
+        return  # the router may be restarting; the next heartbeat tries again
+    if r.status_code >= 400 and r.status_code not in warned:
+        warned.add(r.status_code)
+        print(f"replica: {url} answered {r.status_code}: {r.text[:200]}", file=sys.stderr,
+              flush=True)
+
+
+async def _heartbeat(client: httpx.AsyncClient, url: str, body: dict[str, str]) -> None:
+    warned: set[int] = set()
+    while True:
+        await _post(client, url, body, warned)
+        await asyncio.sleep(HEARTBEAT_S)
+
+
+async def serve(m: Loaded, executor: ThreadPoolExecutor, sock: socket.socket, url: str,
+                register: str | None, unit: str) -> None:
+    batcher = Batcher(m.forward, batch_size=m.choice.size, max_wait_s=m.max_wait_ms / 1000,
+                      executor=executor)
+    batcher.start()
+    config = uvicorn.Config(make_app(m, batcher), log_level="warning", access_log=False,
+                            lifespan="off", timeout_graceful_shutdown=30)
+    server = _Server(config)
+    served = asyncio.create_task(server.serve(sockets=[sock]))
+    while not server.started:
+        if served.done():
+            await served
+            raise PlinthError("replica: the HTTP server did not start")
+        await asyncio.sleep(0.01)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    print(f"ready {url}", flush=True)
+    body = {"unit": unit, "url": url}
+    headers = {"Authorization": f"Bearer {os.environ.get(SECRET_ENV, '')}"}
+    async with httpx.AsyncClient(headers=headers, timeout=2.0) as client:
+        beat = asyncio.create_task(_heartbeat(client, register, body)) if register else None
+        stopped = asyncio.create_task(stop.wait())
+        await asyncio.wait([served, stopped], return_when=asyncio.FIRST_COMPLETED)
+        if register and beat is not None:
+            beat.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await beat
+            await _post(client, register.rstrip("/") + "/leave", body, set())
+    stopped.cancel()
+    batcher.drain()  # the requests held must not wait for a batch that will not fill
+    server.should_exit = True  # stop listening, let the requests in flight finish
+    await served
+    await batcher.close()
+
+
+class ReplicaProcess:
+    """A replica started as a child process, for tests, benches and local shells:
+    `start` returns once it printed its ready line; `stop` sends SIGTERM and waits."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], url: str, log: IO[bytes]) -> None:
+        self.proc, self.url, self._log = proc, url, log
+
+    @classmethod
+    def start(cls, args: list[str], *, env: dict[str, str] | None = None,
+              cwd: str | None = None, timeout_s: float = 120.0) -> ReplicaProcess:
+        """`python -m plinth.serve.replica ARGS`; a replica that exits first, or is not ready in
+        `timeout_s`, is a PlinthError carrying its last line of stderr."""
+        log = tempfile.TemporaryFile()  # noqa: SIM115 -- closed by stop()
+        proc = subprocess.Popen([sys.executable, "-m", "plinth.serve.replica", *args], cwd=cwd,
+                                env=env, stdout=subprocess.PIPE, stderr=log)
+        lines: queue.Queue[bytes] = queue.Queue()
+
+        def pump() -> None:  # keep reading, so a model that prints never blocks on the pipe
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                lines.put(line)
+            lines.put(b"")
+
+        threading.Thread(target=pump, daemon=True).start()
+        rp = cls(proc, "", log)
+        try:
+            line = lines.get(timeout=timeout_s).decode().strip()
+        except queue.Empty:
+            line = ""
+        if not line.startswith("ready "):
+            code = rp.stop(grace_s=5.0)
+            tail = rp.stderr_tail()
+            log.close()
+            raise PlinthError(f"replica did not start (exit {code}): {tail}")
+        rp.url = line.split(" ", 1)[1]
+        return rp
+
+    def stderr_tail(self) -> str:
+        self._log.seek(0)
+        err = self._log.read().decode(errors="replace").strip().splitlines()
+        return err[-1] if err else "no output"
+
+    def stop(self, grace_s: float = 30.0) -> int:
+        """SIGTERM, then SIGKILL after `grace_s`; the exit status."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(grace_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return int(self.proc.returncode)
+
+    def close(self) -> None:
+        self.stop()
+        self._log.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m plinth.serve.replica",
+                                 description="one plinth model replica")
+    ap.add_argument("--model", required=True,
+                    help="a built-in name, MODULE:FACTORY, or a TorchScript / .pt2 file")
+    ap.add_argument("--handler", default=None, help="MODULE:NAME with preprocess/postprocess")
+    ap.add_argument("--input-shape", required=True, help="one example's shape, e.g. 1,28,28")
+    ap.add_argument("--slo-ms", type=float, required=True)
+    ap.add_argument("--max-batch", type=int, default=0, help="0: adaptive (default)")
+    ap.add_argument("--max-wait-ms", type=float, default=5.0)
     ap.add_argument("--host", default="127.0.0.1")
-    ap.add_argument("--port", type=int, required=True)
-    ap.add_argument("--model", default="tiny-cnn")
-    args = ap.parse_args()
-    torch.set_num_threads(1)
-    uvicorn.run(make_app(args.model), host=args.host, port=args.port, log_level="warning")
+    ap.add_argument("--port", type=int, default=0, help="0: any free port")
+    ap.add_argument("--workdir", default=None, help="put on sys.path; relative files from here")
+    ap.add_argument("--register", default=None, metavar="URL")
+    ap.add_argument("--unit", default=None, help="the name to register (default replica-PID)")
+    args = ap.parse_args(argv)
+    if args.slo_ms <= 0:
+        ap.error(f"--slo-ms must be > 0, got {args.slo_ms:g}")
+    if args.max_batch < 0 or args.max_wait_ms < 0:
+        ap.error("--max-batch and --max-wait-ms must be >= 0")
+    if args.register and not os.environ.get(SECRET_ENV):
+        ap.error(f"--register needs {SECRET_ENV} in the environment")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    # Stopped while it loads or profiles: nothing is registered or in flight yet, so just exit 0.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    threads = int(os.environ.get("OMP_NUM_THREADS") or 1)
+    torch.set_num_threads(threads)
+    # One worker thread runs every batch; torch's thread count is per thread, so set it there too.
+    executor = ThreadPoolExecutor(1, thread_name_prefix="model", initializer=torch.set_num_threads,
+                                  initargs=(threads,))
+    try:
+        m = prepare(args, executor)
+        sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        # Accepted connections inherit it: without it Nagle holds a response's body for the
+        # client's delayed ACK of its headers, 40 ms on every keep-alive request.
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.bind((args.host, args.port))
+    except (PlinthError, OSError) as e:
+        print(f"replica: {e}", file=sys.stderr, flush=True)
+        executor.shutdown()
+        return 2
+    port = sock.getsockname()[1]
+    host = socket.gethostname() if args.host in ("0.0.0.0", "::", "") else args.host
+    url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
+    try:
+        asyncio.run(serve(m, executor, sock, url, args.register, args.unit or
+                          f"replica-{os.getpid()}"))
+    finally:
+        executor.shutdown()
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

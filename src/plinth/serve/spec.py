@@ -1,76 +1,95 @@
-"""The user-facing serving config (`plinth serve up service.yaml`), checked once at the boundary."""
+"""The Service spec (`kind: Service` in `plinth submit`), checked once at the boundary."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from plinth.control.spec import Resources
 from plinth.core.registry import Registry
-from plinth.serve.policies import POLICIES
 
-# The models a replica serves (plinth.serve.replica builds them; torch is imported on first use).
+# The models a replica serves (plinth.serve.model builds them; torch is imported on first use).
 MODELS: Registry[Callable[[], Any]] = Registry("model")  # -> a torch.nn.Module
-MODELS.add("tiny-cnn", "plinth.serve.replica:tiny_cnn")
-MODELS.add("mlp", "plinth.serve.replica:mlp")
+MODELS.add("tiny-cnn", "plinth.serve.model:tiny_cnn")
+MODELS.add("mlp", "plinth.serve.model:mlp")
 
 
 class RouterSpec(BaseModel):
+    """The control plane's router in front of every service's replicas."""
+
     model_config = ConfigDict(extra="forbid")
-    host: str = "127.0.0.1"
-    port: int = Field(8700, ge=0, le=65535)  # 0: any free port
-    queue: int = Field(50, ge=0, description="requests queued per job before 503")
+    queue: int = Field(50, ge=0, description="requests queued per service before 503")
     concurrency: int = Field(4, ge=1, description="requests in flight per replica")
     timeout_s: float = Field(10.0, gt=0, description="per request, queue wait included (504)")
 
 
-class JobSpec(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
-    model: str = "tiny-cnn"
-    slo_ms: float = Field(gt=0)
-    service_ms: float = Field(gt=0, description="mean service time of one request on a replica")
-    replicas: int = Field(1, ge=1)
+class Batching(BaseModel):
+    """Dynamic batching in each replica, after GSLICE: batches up to the largest size whose
+    measured execution time stays under about half the SLO (`max_batch: 0`), or `max_batch`;
+    a batch waits at most `max_wait_ms` to fill."""
 
-    @field_validator("model")
-    @classmethod
-    def _known(cls, v: str) -> str:
-        return MODELS.check(v)
-
-    @model_validator(mode="after")
-    def _check(self) -> JobSpec:
-        if self.slo_ms <= self.service_ms:
-            raise ValueError(f"slo_ms {self.slo_ms:g} must be above service_ms {self.service_ms:g}")
-        return self
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    max_batch: int = Field(0, ge=0, le=4096)
+    max_wait_ms: float = Field(5.0, ge=0, le=10_000)
 
 
 class ServiceSpec(BaseModel):
-    """Read it with `plinth.core.spec.load_spec(path, kind="Service")`."""
+    """An inference service: the user's model behind the platform's router, on replicas the
+    scheduler places and the autoscaler sizes. Read it with `plinth.core.spec.load_spec`.
 
-    model_config = ConfigDict(extra="forbid")
-    run_with: ClassVar[str] = "plinth serve up FILE"
+    ```yaml
+    kind: Service
+    name: digits
+    model: examples.serve.cnn:make     # MODULE:FACTORY, or a TorchScript / torch.export file
+    handler: examples.serve.handler:Digits   # optional: JSON in and out
+    input_shape: [1, 28, 28]           # one request, without the batch dimension
+    slo_ms: 100                        # p99 latency target
+    resources: {cpus: 1, memory: 1Gi}  # per replica; or gpu_fraction with gpu_memory
+    min_replicas: 1
+    max_replicas: 4
+    ```
+    """
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    run_with: ClassVar[str] = "plinth submit FILE"
 
     kind: Literal["Service"] = "Service"
-    quota: int = Field(ge=1, description="replicas in all (1 CPU each)")
-    policy: str = "aiad"
-    tick_s: float = Field(10.0, gt=0)
-    router: RouterSpec = RouterSpec()
-    jobs: list[JobSpec] = Field(min_length=1)
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,39}$")
+    tenant: str | None = None
+    model: str = Field(min_length=1)
+    handler: str | None = Field(None, pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+    input_shape: list[Annotated[int, Field(ge=1, le=1 << 20)]] = Field(
+        default_factory=lambda: [1, 28, 28], min_length=1, max_length=8)
+    slo_ms: float = Field(gt=0, le=3_600_000)
+    service_ms: float | None = Field(None, gt=0, description="one request's time on a replica; "
+                                     "default: measured by `plinth submit`")
+    resources: Resources = Field(default_factory=lambda: Resources(cpus=1, memory=1024))
+    min_replicas: int = Field(1, ge=1, le=1000)
+    max_replicas: int = Field(4, ge=1, le=1000)
+    priority: int = Field(0, ge=-1000, le=1000)
+    preemptible: bool = False  # a replica is not preempted by default (see docs/serving.md)
+    batching: Batching = Field(default_factory=Batching)
+    workdir: str | None = None  # where MODULE is imported from; default: where you submit
+    env: dict[str, str] = Field(default_factory=dict)
 
-    @field_validator("policy")
+    @field_validator("model")
     @classmethod
-    def _known(cls, v: str) -> str:
-        return POLICIES.check(v, field="")
+    def _model(cls, v: str) -> str:
+        if "\0" in v or "\n" in v:
+            raise ValueError("must be MODULE:FACTORY or a file path on one line")
+        return v
 
     @model_validator(mode="after")
     def _check(self) -> ServiceSpec:
-        names = [j.name for j in self.jobs]
-        if len(set(names)) != len(names):
-            raise ValueError(f"job names must be unique, got {names}")
-        if self.quota < len(self.jobs):
-            raise ValueError(f"quota {self.quota} is smaller than one replica per job "
-                             f"({len(self.jobs)} jobs)")
-        if sum(j.replicas for j in self.jobs) > self.quota:
-            raise ValueError("the jobs' initial replicas exceed the quota")
+        if self.max_replicas < self.min_replicas:
+            raise ValueError(f"max_replicas {self.max_replicas} is below min_replicas "
+                             f"{self.min_replicas}")
+        if self.resources.gpus:
+            raise ValueError("resources.gpus: a replica takes a gpu_fraction (with gpu_memory) "
+                             "or CPUs, not whole GPUs")
+        if self.service_ms is not None and self.service_ms >= self.slo_ms:
+            raise ValueError(f"slo_ms {self.slo_ms:g} ms must be above service_ms "
+                             f"{self.service_ms:g} ms")
         return self

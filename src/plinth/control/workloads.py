@@ -1,0 +1,219 @@
+"""Workloads of several units (a Service, and the kinds after it) in the control plane.
+
+A workload is stored once (`workloads` table) with its spec, its controller's status and a
+secret for its units; its units are ordinary jobs that point back to it (`workload_id`,
+`unit`), so the scheduler places them, the runtime runs them and recovery re-adopts them as any
+job. This module keeps each active workload's units in line with what its controller wants
+(`plinth.control.kinds.reconcile`): on submit, whenever one of its units ends, after the
+controller changes its mind (`tick`), and once a second as a safety net.
+
+One controller object per kind serves every workload of that kind, so that it can decide for
+all of them together (the autoscaler plans for every service at once).
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from typing import TYPE_CHECKING, Any
+
+from plinth.control.kinds import CONTROLLERS, Observed, Workload, reconcile
+from plinth.core.errors import PlinthError, SpecError
+from plinth.core.spec import spec_from_dict
+from plinth.sched.lifecycle import State
+
+if TYPE_CHECKING:
+    from plinth.control.service import ControlPlane
+
+log = logging.getLogger("plinth.control")
+RECONCILE_EVERY_S = 1.0
+
+
+class Workloads:
+    def __init__(self, cp: ControlPlane, options: dict[str, dict[str, Any]] | None = None
+                 ) -> None:
+        """`options`: per kind, what its controller is built with (`plinth up` flags)."""
+        self.cp = cp
+        self.options = options or {}
+        self.controllers: dict[str, Any] = {}
+        self.active: dict[int, Workload] = {}
+        self.unit_jobs: dict[int, dict[str, int]] = {}  # workload -> unit -> its latest job
+        self.job_unit: dict[int, tuple[int, str]] = {}  # job -> (workload, unit)
+        self.ended_jobs: dict[int, State] = {}  # unit jobs that have ended, and how
+        self._dirty: set[int] = set()
+        self._next = 0.0
+
+    def controller(self, kind: str) -> Any:
+        if kind not in self.controllers:
+            self.controllers[kind] = CONTROLLERS.make(kind, **self.options.get(kind, {}))
+        return self.controllers[kind]
+
+    def close(self) -> None:
+        for c in self.controllers.values():
+            getattr(c, "close", lambda: None)()
+
+    # --- submit, cancel, find --------------------------------------------------------------
+
+    def submit(self, spec: Any, tenant: str) -> Workload:
+        """Accept a workload: store it and submit its first units. A workload whose units can
+        never run here is refused, and nothing is stored."""
+        ctl = self.controller(spec.kind)
+        with self.cp._lock:
+            if any(w.name == spec.name and w.tenant == tenant for w in self.active.values()):
+                raise SpecError(f"name: tenant {tenant!r} already has an active workload "
+                                f"named {spec.name!r}")
+            spec = spec.model_copy(update={"tenant": tenant})
+            w = Workload(0, spec.kind, spec.name, tenant, spec, {}, secrets.token_urlsafe(24))
+            cluster = self.cp.cluster
+            check = getattr(ctl, "check", None)
+            if check is not None:
+                check(w, sum(n.cpus_milli for n in cluster.nodes) / 1000, cluster.total_gpus)
+            for u in ctl.units(w, {}, self.cp.clock()):  # each must be able to run here
+                self.cp.admit(u.spec, tenant)
+            w.id = self.cp.store.insert_workload(
+                {"kind": w.kind, "name": w.name, "tenant": tenant,
+                 "spec": spec.model_dump(mode="json"), "status": {}, "secret": w.secret},
+                self.cp.clock())
+            self._start(w)
+            self.reconcile(w, self.cp.clock())
+            return w
+
+    def _start(self, w: Workload) -> None:
+        self.active[w.id] = w
+        self.unit_jobs.setdefault(w.id, {})
+        getattr(self.controller(w.kind), "started", lambda _: None)(w)
+        self.cp.store.update_workload(w.id, status=w.status)
+
+    def find(self, ref: str, tenant: str | None) -> dict:
+        """A workload's row by name (the newest of that name) or id; `tenant` None: any."""
+        rows = self.cp.store.workloads(tenant=tenant, name=None if ref.isdigit() else ref)
+        if ref.isdigit():
+            rows = [r for r in rows if r["id"] == int(ref)]
+        if not rows:
+            from plinth.control.service import NotFound
+
+            raise NotFound(f"workload {ref!r} not found")
+        return rows[0]
+
+    def cancel(self, workload_id: int) -> str:
+        with self.cp._lock:
+            w = self.active.get(workload_id)
+            if w is None:
+                return "ended"
+            self._end(w, "cancelled")
+            for job_id in self.unit_jobs.get(w.id, {}).values():
+                if job_id not in self.ended_jobs:
+                    try:
+                        self.cp.cancel(job_id)
+                    except PlinthError:  # it ended meanwhile
+                        pass
+            return "cancelled"
+
+    def _end(self, w: Workload, state: str) -> None:
+        self.active.pop(w.id, None)
+        getattr(self.controller(w.kind), "ended", lambda _: None)(w)
+        self.cp.store.update_workload(w.id, state=state, end_time=self.cp.clock(),
+                                      status=w.status)
+
+    # --- the loop ---------------------------------------------------------------------------
+
+    def job_ended(self, job_id: int, state: State) -> None:
+        """A job has ended (called for every job; only units matter here)."""
+        found = self.job_unit.get(job_id)
+        if found is not None:
+            self.ended_jobs[job_id] = state
+            self._dirty.add(found[0])
+
+    def tick(self, now: float) -> None:
+        """From the control loop, under its lock: controllers decide, units follow."""
+        if not self.active:
+            return
+        by_kind: dict[str, list[Workload]] = {}
+        for w in self.active.values():
+            by_kind.setdefault(w.kind, []).append(w)
+        for kind, ws in by_kind.items():
+            tick = getattr(self.controller(kind), "tick", None)
+            if tick is not None:
+                for w in tick(ws, now):
+                    self.cp.store.update_workload(w.id, status=w.status)
+                    self._dirty.add(w.id)
+        if now >= self._next:
+            self._next = now + RECONCILE_EVERY_S
+            self._dirty.update(self.active)
+        for wid in sorted(self._dirty):
+            w = self.active.get(wid)
+            if w is not None:
+                try:
+                    self.reconcile(w, now)
+                except Exception:
+                    log.exception("workload %d (%s): reconcile failed", w.id, w.name)
+        self._dirty.clear()
+
+    def observed(self, w: Workload) -> dict[str, Observed]:
+        out = {}
+        for unit, job_id in self.unit_jobs.get(w.id, {}).items():
+            state = self.ended_jobs.get(job_id)
+            if state is None:
+                js = self.cp.owner.jobs.get(job_id)
+                state = js.status if js is not None else State.PENDING  # held, or incoming
+            out[unit] = Observed(unit, job_id, state)
+        return out
+
+    def reconcile(self, w: Workload, now: float) -> None:
+        ctl = self.controller(w.kind)
+        observed = self.observed(w)
+        for unit, o in observed.items():
+            if o.state.terminal and o.job_id in self.ended_jobs:
+                getattr(ctl, "unit_ended", lambda *_: None)(w, unit)
+        add, drop = reconcile(ctl.units(w, observed, now), observed)
+        for job_id in drop:
+            try:
+                self.cp.cancel(job_id)
+            except PlinthError:
+                pass
+        for u in add:
+            spec, row, at = self.cp.admit(u.spec, w.tenant)
+            row = {**row, "workload_id": w.id, "unit": u.name}
+            job_id = self.cp.store.insert_job(row, at, f"unit {u.name} of {w.kind} {w.name}")
+            old = self.unit_jobs[w.id].get(u.name)
+            if old is not None:
+                self.job_unit.pop(old, None)
+                self.ended_jobs.pop(old, None)
+            self.unit_jobs[w.id][u.name] = job_id
+            self.job_unit[job_id] = (w.id, u.name)
+            self.cp.accepted(job_id, spec, at)
+        done = getattr(ctl, "finished", None)
+        state = done(w, self.observed(w)) if done is not None else None
+        if state is not None:
+            self._end(w, state)
+
+    # --- after a restart --------------------------------------------------------------------
+
+    def recover(self) -> None:
+        """Find the active workloads again, with their units' latest jobs (the jobs themselves
+        are recovered as every job is)."""
+        for row in reversed(self.cp.store.workloads(active=True)):
+            try:
+                spec = spec_from_dict(row["spec"], source=f"workload {row['id']}",
+                                      kind=row["kind"])
+            except SpecError as e:
+                log.error("%s; it is failed", e)
+                self.cp.store.update_workload(row["id"], state="failed",
+                                              end_time=self.cp.clock())
+                continue
+            w = Workload(row["id"], row["kind"], row["name"], row["tenant"], spec,
+                         dict(row["status"]), row["secret"])
+            self.unit_jobs[w.id] = {}
+            jobs = self.cp.store.units(w.id)
+            for job in jobs:  # oldest first: a unit's latest job wins
+                self.unit_jobs[w.id][job["unit"]] = job["id"]
+            for job in jobs:
+                if self.unit_jobs[w.id][job["unit"]] == job["id"]:
+                    self.job_unit[job["id"]] = (w.id, job["unit"])
+                    if State(job["state"]).terminal:
+                        self.ended_jobs[job["id"]] = State(job["state"])
+            self._start(w)
+            self._dirty.add(w.id)
+
+    def rows(self, tenant: str | None, active: bool | None = True) -> list[dict]:
+        return self.cp.store.workloads(tenant=tenant, active=active)

@@ -1,0 +1,132 @@
+"""Services as platform workloads, end to end on loopback: a real `plinth up`, the example
+service submitted with `plinth submit` next to a training job, load through the router, the
+replica set growing and shrinking through the control plane, a replica killed, the control
+plane killed, and nothing lost."""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+import yaml
+from plinth_platform import Platform
+from plinth_platform import run_cli as cli
+
+from plinth.client import ApiError
+from plinth.core.net import free_port
+from plinth.serve.loadgen import ClosedLoop
+
+EXAMPLE = Path(__file__).parents[2] / "examples" / "serve" / "service.yaml"
+IMAGE = json.dumps({"inputs": [[[[0.0] * 28] * 28]]})
+
+
+def replica_procs(home: Path, unit: str) -> list[psutil.Process]:
+    out = []
+    for p in psutil.process_iter(["cmdline", "environ"]):
+        cmd, env = p.info.get("cmdline") or [], p.info.get("environ") or {}
+        if "plinth.serve.replica" in cmd and unit in cmd and \
+                env.get("PLINTH_CHECKPOINT_DIR", "").startswith(str(home)):
+            out.append(p)
+    return out
+
+
+@pytest.fixture
+def serving(tmp_path):
+    port = free_port()
+    p = Platform(tmp_path / "home", "--serve-port", str(port), "--serve-tick", "1",
+                 "--serve-policy", "aiad").start()
+    yield p
+    p.stop()
+    p.kill_jobs()
+
+
+def status(c, name: str = "digits") -> dict:
+    return c.workload(name)
+
+
+def test_a_service_scales_survives_replica_and_control_plane_kills(serving, tmp_path, wait_for):
+    spec = yaml.safe_load(EXAMPLE.read_text())
+    spec |= {"slo_ms": 25, "max_replicas": 2}  # tight enough that 12 clients break it here
+    svc_file = tmp_path / "service.yaml"
+    svc_file.write_text(yaml.safe_dump(spec))
+    out = cli(serving, "submit", str(svc_file))
+    assert out.returncode == 0, out.stderr
+    assert "Submitted Service digits" in out.stdout
+    train = cli(serving, "submit", str(EXAMPLE.parents[1] / "jobs" / "train.yaml"))
+    assert train.returncode == 0, train.stderr
+    c = serving.client()
+    url = status(c)["status"]["url"]
+    wait_for(lambda: status(c)["status"].get("ready") == 1, 120, "the first replica")
+
+    # Under load the replica set grows to max_replicas, through the scheduler.
+    with ClosedLoop(url, IMAGE, clients=12) as load:
+        wait_for(lambda: status(c)["status"]["desired"] == 2, 120, "a scale-up")
+        wait_for(lambda: status(c)["status"].get("ready") == 2, 120, "the second replica")
+        assert any(j["name"] == "digits.replica-1" and j["state"] == "running"
+                   for j in c.jobs())
+        # Kill a replica: it is replaced by a new job of the same unit; requests it held are
+        # sent to the other replica.
+        (victim,) = replica_procs(serving.home, "replica-1")[-1:]
+        old_job = next(u["job_id"] for u in status(c)["units"] if u["unit"] == "replica-1")
+        victim.send_signal(signal.SIGKILL)
+        wait_for(lambda: next(u for u in status(c)["units"] if u["unit"] == "replica-1")
+                 ["job_id"] != old_job, 60, "a replacement replica")
+        wait_for(lambda: status(c)["status"].get("ready") == 2, 120, "the replacement to serve")
+    lost = {k: n for k, n in load.codes.items() if k not in (200, 503)}
+    assert load.codes.get(200, 0) > 100 and not lost, load.codes
+
+    # Calm: the set shrinks back to min_replicas, and the unit's job is cancelled.
+    wait_for(lambda: status(c)["status"]["desired"] == 1, 120, "a scale-down")
+    wait_for(lambda: next(u for u in status(c)["units"] if u["unit"] == "replica-1")["state"]
+             == "cancelled", 60, "the extra replica to stop")
+
+    # kill -9 of the control plane: the service, its replica and its address survive.
+    running = {u["unit"]: u["job_id"] for u in status(c)["units"] if u["state"] == "running"}
+    serving.stop(signal.SIGKILL)
+    serving.start()
+    c = serving.client()
+    after = status(c)
+    assert after["state"] == "active" and after["status"]["url"] == url
+    assert {u["unit"]: u["job_id"] for u in after["units"] if u["state"] == "running"} == running
+    wait_for(lambda: httpx.post(url, content=IMAGE, timeout=30).status_code == 200, 30,
+             "the router to serve again")
+    assert "re-adopted" in [e["kind"] for e in c.job(running["replica-0"])["events"]]
+
+    ls = cli(serving, "ls")
+    assert "digits" in ls.stdout and "Service" in ls.stdout
+    show = cli(serving, "show", "digits")
+    assert "why: aiad" in show.stdout and "replica-0" in show.stdout
+
+    # Cancelling the service stops its replicas; its address answers 404 from then on.
+    assert c.cancel_workload("digits")["state"] == "cancelled"
+    wait_for(lambda: all(u["state"] == "cancelled" for u in status(c)["units"]), 60,
+             "the replicas to stop")
+    assert httpx.post(url, content=IMAGE, timeout=30).status_code == 404
+
+
+def test_bad_service_specs_are_one_line_errors(shared_platform, tmp_path) -> None:
+    base = yaml.safe_load(EXAMPLE.read_text())
+    cases = {
+        "model: no such file": {"model": "missing.pt"},
+        "max_replicas": {"max_replicas": 0},
+        "slo_ms": {"slo_ms": 0.001},
+        "resources.gpus": {"resources": {"gpus": 1}},
+    }
+    for what, change in cases.items():
+        f = tmp_path / "bad.yaml"
+        f.write_text(yaml.safe_dump(base | change))
+        out = cli(shared_platform, "submit", str(f))
+        assert out.returncode != 0 and what in out.stderr, (what, out.stderr)
+        assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+    # A max_replicas that could never fit is refused by the control plane, and nothing stays.
+    c = shared_platform.client()
+    with pytest.raises(ApiError, match=r"^max_replicas: 1000 replicas of 1 CPUs need 1000 "):
+        c.submit_workload(base | {"name": "huge", "max_replicas": 1000})
+    with pytest.raises(ApiError, match=r"can never run here"):
+        c.submit_workload(base | {"name": "huge", "max_replicas": 1,
+                                  "resources": {"cpus": 1, "memory": "64Ti"}})
+    assert [w for w in c.workloads(all=True) if w["name"] == "huge"] == []
