@@ -300,8 +300,28 @@ def test_fl_page_shows_a_federated_run(platform, browser, shots, tmp_path) -> No
     shot(browser, shots, "fl")
 
 
-def test_services_page_says_what_is_recorded(platform, browser, shots) -> None:
-    sign_in(browser, platform, platform.token)
+def test_services_page_lists_a_tenants_services_live(platform, world, browser, shots) -> None:
+    service = {"kind": "Service", "name": "digits", "model": "tiny-cnn",
+               "input_shape": [784], "slo_ms": 200,
+               "resources": {"cpus": 0.1, "memory": "1Gi"}, "min_replicas": 1,
+               "max_replicas": 2}
+    with platform.client(world["tokens"]["alpha"]) as a:
+        w = a.submit_workload(service)
+        _until(lambda: a.workload("digits")["status"].get("ready") == 1, 120)
+    sign_in(browser, platform, world["tokens"]["alpha"])
     browser.get(f"{platform.url}/ui/services")
-    assert "do not run on the control plane yet" in browser.find_element(By.ID, "not-yet").text
+    row = browser.find_element(By.CSS_SELECTOR, '#services tr[data-service="digits"]')
+    assert row.find_element(By.CLASS_NAME, "replicas").text == "1 / 1"
+    assert w["status"]["url"] in row.text and "200 ms" in row.text
+    # Requests through the router show up on the page without a reload (htmx polls it).
+    for _ in range(20):
+        httpx.post(w["status"]["url"], json={"inputs": [[0.0] * 784]}, timeout=30)
+    _until(lambda: "100.0%" in browser.find_element(
+        By.CSS_SELECTOR, '#services tr[data-service="digits"]').text, 30)
+    assert "replica-0" in browser.find_element(By.ID, "services").text
     shot(browser, shots, "services")
+    sign_in(browser, platform, world["tokens"]["beta"])  # another tenant sees none of it
+    browser.get(f"{platform.url}/ui/services")
+    assert browser.find_elements(By.ID, "no-services")
+    with platform.client(world["tokens"]["alpha"]) as a:
+        a.cancel_workload("digits")

@@ -137,6 +137,10 @@ class Workloads:
                 for w in tick(ws, now):
                     self.cp.store.update_workload(w.id, status=w.status)
                     self._dirty.add(w.id)
+                for w in ws:  # /metrics: plinth_service_replicas{service, kind}
+                    if "desired" in w.status:
+                        self.cp.metrics.service_replicas(w.name, desired=w.status["desired"],
+                                                         ready=w.status.get("ready", 0))
         if now >= self._next:
             self._next = now + RECONCILE_EVERY_S
             self._dirty.update(self.active)

@@ -202,7 +202,7 @@ class ServiceController:
                 slo_attainment=(round(live.within_slo / live.arrivals, 4) if live.arrivals
                                 else None),
                 predicted_rps=round(self._predicted(live), 3),
-                service_ms=round(float(snap.service_s[j]) * 1000, 3))
+                service_ms=round(float(snap.service_s[j]) * 1000 * self.minute_s / 60, 3))
         return changed
 
     def _snapshot(self, services: list[Workload], now: float) -> Snapshot:
@@ -217,17 +217,20 @@ class ServiceController:
         per_replica = max(float(np.mean([w.spec.resources.cpus for w in services])), 1e-3)
         cap = int(self.capacity_cpus // per_replica) if self.capacity_cpus else 10**6
         quota = max(n, min(sum(w.spec.max_replicas for w in services), cap))
-        scale = 60.0 / self.minute_s  # policies think in minutes of trace time
+        # Policies think in the trace's time: with minute_s < 60 a wall second is `scale`
+        # trace seconds, and every duration they see is scaled up to match.
+        scale = 60.0 / self.minute_s
         return Snapshot(
             now=(now - (self._t0 or now)) * scale, jobs=tuple(w.name for w in services),
-            slo_s=np.array([w.spec.slo_ms / 1000 for w in services]), service_s=service_s,
+            slo_s=np.array([w.spec.slo_ms / 1000 for w in services]) * scale,
+            service_s=service_s * scale,
             quota=quota,
             replicas=np.array([int(w.status.get("desired", w.spec.min_replicas))
                                for w in services], np.int64),
             ready=np.array([win.ready for win in wins], np.int64), history=hist,
             window_s=self.tick_s * scale,
             window_arrivals=np.array([win.arrivals for win in wins], np.int64),
-            window_p99_s=np.array([win.p99_s for win in wins]),
+            window_p99_s=np.array([win.p99_s for win in wins]) * scale,
             ongoing=np.array([win.ongoing for win in wins], np.int64))
 
     def _predicted(self, live: _Live) -> float:

@@ -193,8 +193,12 @@ def router(cp: ControlPlane, auth: Auth) -> APIRouter:
         return await opened(request, who, results.fl_view, "_fl.html")
 
     @r.get("/ui/services", response_class=HTMLResponse)
-    async def services_page(request: Request, who: Who) -> HTMLResponse:
-        return page(request, "services.html", who)
+    def services_page(request: Request, who: Who) -> HTMLResponse:
+        return page(request, "services.html", who, services=views.services(cp, who), poll=POLL)
+
+    @r.get("/ui/services/live", response_class=HTMLResponse)
+    def services_live(request: Request, who: Who) -> HTMLResponse:
+        return page(request, "_services.html", who, services=views.services(cp, who))
 
     # --- Prometheus -----------------------------------------------------------------------------
 

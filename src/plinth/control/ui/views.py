@@ -157,3 +157,38 @@ def log_tail(cp: ControlPlane, job_id: int, size: int = 16 * 1024) -> str:
     with open(path, "rb") as f:
         f.seek(max(0, path.stat().st_size - size))
         return f.read().decode("utf-8", "replace")
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceRow:
+    name: str
+    tenant: str
+    url: str
+    desired: int
+    ready: int
+    min_replicas: int
+    max_replicas: int
+    rate_rps: float
+    predicted_rps: float
+    p99_ms: float
+    slo_ms: float
+    attainment: float | None  # share of its requests answered within the SLO
+    reason: str  # why the autoscaler chose `desired`
+    units: list[tuple[str, int, str]]  # (unit, its newest job, state)
+
+
+def services(cp: ControlPlane, who: Principal) -> list[ServiceRow]:
+    """The active services the principal may see, with what the autoscaler last decided."""
+    out = []
+    for w in sorted(cp.read(lambda _: list(cp.workloads.active.values())), key=lambda w: w.id):
+        if w.kind != "Service" or not who.may_see(w.tenant):
+            continue
+        st = w.status
+        units = {j["unit"]: (j["unit"], j["id"], j["state"]) for j in cp.store.units(w.id)}
+        out.append(ServiceRow(
+            w.name, w.tenant, st.get("url", ""), int(st.get("desired", 0)),
+            int(st.get("ready", 0)), w.spec.min_replicas, w.spec.max_replicas,
+            float(st.get("rate_rps", 0.0)), float(st.get("predicted_rps", 0.0)),
+            float(st.get("p99_ms", 0.0)), w.spec.slo_ms, st.get("slo_attainment"),
+            st.get("reason", "-"), sorted(units.values())))
+    return out

@@ -1,0 +1,213 @@
+"""The real serving path against the simulator, on the same time-compressed trace.
+
+A part of Faro's 10-job Twitter trace is replayed, one trace minute in 60/c s, against a real
+`plinth up`: ten `kind: Service` workloads submitted with the client, replicas started by the
+runtime and placed by the scheduler, the control plane's router and autoscaler, and real HTTP
+requests sent open-loop at each minute's count (uniform times within the minute, as the
+simulator's default). Each replica's model stands in for ResNet34 by sleeping a service time
+drawn from the trace's fit, divided by c (`bench/serve_emulated.py`), so that a 2-core machine
+can host the replicas of the CPU budget. The same compressed trace (counts thinned by `--thin`
+so that the router and the load generator keep up on 2 cores) then goes through
+`plinth serve sim --compress c` with the same CPU budget, cold start and SLO.
+
+An SLO violation is a request answered after the SLO (720 ms / c) or not answered with 200.
+
+    .venv/bin/python bench/serve_real.py --minutes 0:30 --compress 5 --thin 2 --cpus 16 \\
+        --json results/serve_real.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import aiohttp
+import numpy as np
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+from plinth.cli.quickstart import kill_jobs, start_server, stop_server  # noqa: E402
+from plinth.client import Client  # noqa: E402
+from plinth.core.net import free_port  # noqa: E402
+
+TRACES = Path(os.environ.get("PLINTH_TRACES", ROOT.parent / "shared" / "data" / "traces"))
+TRACE = TRACES / "faro-twitter" / "jobs10_6h.jsonl"
+FIT = TRACES / "faro-twitter" / "resnet34_latency_lognorm.yaml"
+
+
+def thinned_trace(src: Path, start: int, end: int, thin: int, out: Path) -> list[dict]:
+    """The trace's minutes [start, end) with every count divided by `thin` (rounded)."""
+    rows = [json.loads(line) for line in src.read_text().splitlines() if line.strip()]
+    rows = [r for r in rows if start <= r["ts"] < end]
+    for i, r in enumerate(rows):
+        r["ts"] = i
+        r["counts"] = {j: {k: int(round(v / thin)) for k, v in m.items()}
+                       for j, m in r["counts"].items()}
+    out.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return rows
+
+
+def mean_service_s(fit: dict) -> float:
+    from scipy import stats
+
+    p = fit["params"]
+    return float(stats.lognorm(p["shape"], loc=p["loc"], scale=p["scale"]).mean())
+
+
+async def replay(urls: dict[str, str], rows: list[dict], minute_s: float, slo_s: float,
+                 seed: int) -> dict:
+    """Send each minute's requests at uniform random times within it; returns counts."""
+    rng = np.random.default_rng(seed)
+    plan = []
+    for m, r in enumerate(rows):
+        for job, counts in r["counts"].items():
+            n = sum(counts.values())
+            plan += [(m * minute_s + t, job) for t in rng.uniform(0, minute_s, n)]
+    plan.sort()
+    results: list[tuple[str, int, float]] = []
+    body = json.dumps({"inputs": [[0.0]]})
+
+    async def one(c: aiohttp.ClientSession, job: str) -> None:
+        t0 = time.perf_counter()
+        try:
+            async with c.post(urls[job], data=body, headers={"content-type":
+                                                             "application/json"}) as r:
+                await r.read()
+                code = r.status
+        except (aiohttp.ClientError, asyncio.TimeoutError):
+            code = -1
+        results.append((job, code, time.perf_counter() - t0))
+
+    # aiohttp, not httpx: with a few thousand requests in flight httpx's own CPU cost (its
+    # pool is scanned per request) would slow the sender below the trace's rate on 2 cores.
+    timeout = aiohttp.ClientTimeout(total=60)
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
+                                     timeout=timeout) as c:
+        t0 = time.perf_counter()
+        tasks = []
+        for at, job in plan:
+            delay = t0 + at - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(one(c, job)))
+        late = time.perf_counter() - t0 - len(rows) * minute_s  # how far the sender fell behind
+        await asyncio.gather(*tasks)
+    bad = sum(1 for _, code, lat in results if code != 200 or lat > slo_s)
+    codes: dict[int, int] = {}
+    for _, code, _ in results:
+        codes[code] = codes.get(code, 0) + 1
+    lats = [lat for _, code, lat in results if code == 200]
+    return {"requests": len(results), "slo_violation_rate": bad / max(len(results), 1),
+            "codes": codes, "p50_latency_s": float(np.percentile(lats, 50)) if lats else None,
+            "p99_latency_s": float(np.percentile(lats, 99)) if lats else None,
+            "overrun_s": round(late, 2)}
+
+
+def real_run(policy: str, rows: list[dict], args, fit_path: Path, jobs: list[str]) -> dict:
+    minute_s = 60.0 / args.compress
+    home = Path(tempfile.mkdtemp(prefix="plinth-serve-real-"))
+    port, serve_port = free_port(), free_port()
+    proc = start_server(home, port, "--fake-gpus", "1xA100", "--min-runtime", "0", "--grace",
+                        "2", "--serve-port", str(serve_port), "--serve-policy", policy,
+                        "--serve-tick", f"{10 / args.compress:g}", "--serve-minute",
+                        f"{minute_s:g}")
+    try:
+        token = (home / "token").read_text().strip()
+        env = {"SERVE_EMU_FIT": str(fit_path), "SERVE_EMU_COMPRESS": f"{args.compress:g}"}
+        os.environ.update(env)  # the client times the model once at submit
+        slo_ms = args.slo_ms / args.compress
+        service_ms = mean_service_s(yaml.safe_load(fit_path.read_text())) * 1000 / args.compress
+        with Client(f"127.0.0.1:{port}", token) as c:
+            cpus = c.nodes()[0]["cpus"]
+            per_replica = cpus / args.cpus  # so that the cluster holds exactly --cpus replicas
+            urls = {}
+            for i, job in enumerate(jobs):
+                w = c.submit_workload({
+                    "kind": "Service", "name": f"job{i}", "model": "bench.serve_emulated:make",
+                    "input_shape": [1], "slo_ms": slo_ms, "service_ms": round(service_ms, 3),
+                    "resources": {"cpus": per_replica, "memory": "1Gi"},
+                    "min_replicas": 1, "max_replicas": args.cpus,
+                    "batching": {"max_batch": 1, "max_wait_ms": 0}, "env": env,
+                    "workdir": str(ROOT)})
+                urls[job] = w["status"]["url"]
+            deadline = time.monotonic() + 300
+            while not all(c.workload(f"job{i}")["status"].get("ready") for i in range(len(jobs))):
+                if time.monotonic() > deadline:
+                    raise SystemExit("replicas not ready after 300 s")
+                time.sleep(0.5)
+            out = asyncio.run(replay(urls, rows, minute_s, slo_ms / 1000, args.seed))
+            out["replicas_end"] = [c.workload(f"job{i}")["status"]["desired"]
+                                   for i in range(len(jobs))]
+        return {"policy": policy, "path": "real", **out}
+    finally:
+        stop_server(proc)
+        kill_jobs(home)
+
+
+def sim_run(policies: list[str], trace: Path, args, fit_path: Path) -> list[dict]:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "sim.json"
+        cmd = [sys.executable, "-m", "plinth.cli.main", "serve", "sim", "--trace", str(trace),
+               "--service-time", str(fit_path), "--cpus", str(args.cpus), "--slo-ms",
+               f"{args.slo_ms:g}", "--policy", policies[0], "--compress", f"{args.compress:g}",
+               "--cold-start", f"{args.cold_start:g}", "--queueing", "router",
+               "--arrivals", "uniform", "--seed", str(args.seed), "--json", str(out),
+               "--out", tmp]
+        if len(policies) > 1:
+            cmd += ["--compare", ",".join(policies[1:])]
+        subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=ROOT)
+        doc = json.loads(out.read_text())
+    rows = doc if isinstance(doc, list) else doc.get("results", doc)
+    return [{"policy": r["policy"], "path": "sim", "slo_violation_rate": r["slo_violation_rate"],
+             "p99_latency_s": r.get("p99_latency_s")} for r in rows]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--minutes", default="0:30")
+    ap.add_argument("--compress", type=float, default=5.0)
+    ap.add_argument("--thin", type=int, default=2)
+    ap.add_argument("--cpus", type=int, default=16)
+    ap.add_argument("--slo-ms", type=float, default=720.0)
+    ap.add_argument("--cold-start", type=float, default=5.0,
+                    help="the simulator's cold start (s, real): a measured replica start")
+    ap.add_argument("--policies", default="faro-fairsum,aiad")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    start, end = (int(x) for x in args.minutes.split(":"))
+    policies = args.policies.split(",")
+    with tempfile.TemporaryDirectory() as tmp:
+        trace = Path(tmp) / "trace.jsonl"
+        rows = thinned_trace(TRACE, start, end, args.thin, trace)
+        jobs = sorted(rows[0]["counts"])
+        results = sim_run(policies, trace, args, FIT)
+        for p in policies:
+            print(f"real path: {p} ...", flush=True)
+            results.append(real_run(p, rows, args, FIT, jobs))
+    load = open("/proc/loadavg").read().split()[0]
+    print(f"\n{Path(TRACE).name} minutes {args.minutes}, counts / {args.thin}, compressed "
+          f"{args.compress:g}x, {args.cpus} CPUs, SLO {args.slo_ms:g} ms (/{args.compress:g}), "
+          f"load average {load}")
+    print(f"{'policy':<14} {'path':<5} {'SLO violations':>15} {'p99 (s)':>9} {'requests':>9}")
+    for r in results:
+        p99 = r.get("p99_latency_s")
+        print(f"{r['policy']:<14} {r['path']:<5} {r['slo_violation_rate']:>15.4f} "
+              f"{'-' if p99 is None else f'{p99:.3f}':>9} {r.get('requests', '-'):>9}")
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps({"args": vars(args), "load": load,
+                                               "results": results}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
