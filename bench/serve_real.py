@@ -182,6 +182,7 @@ def main() -> None:
                     help="the simulator's cold start (s, real): a measured replica start")
     ap.add_argument("--policies", default="faro-fairsum,aiad")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--sim-only", action="store_true", help="skip the real path")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     start, end = (int(x) for x in args.minutes.split(":"))
@@ -191,7 +192,7 @@ def main() -> None:
         rows = thinned_trace(TRACE, start, end, args.thin, trace)
         jobs = sorted(rows[0]["counts"])
         results = sim_run(policies, trace, args, FIT)
-        for p in policies:
+        for p in [] if args.sim_only else policies:
             print(f"real path: {p} ...", flush=True)
             results.append(real_run(p, rows, args, FIT, jobs))
     load = open("/proc/loadavg").read().split()[0]

@@ -141,8 +141,10 @@ class Client:
             spec = load_spec(Path(spec))
         elif isinstance(spec, dict):
             spec = spec_from_dict(spec, source="spec")
-        workdir = os.path.abspath(spec.workdir or ".")  # as a job's: where you submit
-        spec = spec.model_copy(update={"workdir": workdir})
+        if "workdir" in type(spec).model_fields:  # as a job's: where you submit
+            spec = spec.model_copy(update={"workdir": os.path.abspath(spec.workdir or ".")})
+        if "base_dir" in type(spec).model_fields:  # an FL app's files are beside it
+            spec = spec.model_copy(update={"base_dir": os.path.abspath(base or ".")})
         if spec.kind == "Service":
             spec = _checked_service(spec, base)
         return self._call("POST", "/v1/workloads",

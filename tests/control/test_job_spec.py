@@ -94,9 +94,10 @@ def test_the_control_plane_refuses_kinds_it_does_not_run_yet(tmp_path) -> None:
         job_to_run(load_spec(p), str(p))
     assert str(e.value) == (f"{p}: kind: a Service spec is not a Job; submit it with "
                             "`plinth submit FILE` (Client.submit_workload)")
-    fl = spec_from_dict({"kind": "FLTask"}, source="app.yaml")
-    with pytest.raises(SpecError, match=r"^app.yaml: kind: .* FLTask specs yet; use `plinth fl "):
-        job_to_run(fl, "app.yaml")
+    cluster = spec_from_dict({"kind": "Cluster", "nodes": [{"name": "a", "gpus": 1,
+                                                             "gpu_model": "T4"}]}, source="c")
+    with pytest.raises(SpecError, match=r"^c.yaml: kind: .* Cluster specs yet; use `plinth sim"):
+        job_to_run(cluster, "c.yaml")
     job = spec_from_dict(BASE)
     assert job_to_run(job) is job
 
@@ -109,11 +110,11 @@ def test_cli_submit_names_the_kind_before_sending_anything(tmp_path) -> None:
     good = tmp_path / "job.yaml"
     good.write_text("name: t\ncommand: [true]\n")
     svc = tmp_path / "svc.yaml"
-    svc.write_text("kind: FLTask\nname: app\n")
+    svc.write_text("kind: Cluster\nnodes: [{name: a, gpus: 1, gpu_model: T4}]\n")
     # No server listens here: the spec is refused before the client tries to reach one.
     res = CliRunner().invoke(app, ["submit", str(good), str(svc), "--server", "127.0.0.1:9"])
     assert res.exit_code != 0
-    assert "kind: the control plane does not run FLTask specs yet" in str(res.exception) + \
+    assert "kind: the control plane does not run Cluster specs yet" in str(res.exception) + \
         res.output
     assert "cannot reach" not in str(res.exception) + res.output
 

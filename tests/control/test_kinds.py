@@ -41,10 +41,11 @@ def test_bad_units_are_one_line_errors():
         reconcile([Unit("leaf-0", s, colocate_with="root")], {})
 
 
-def test_kinds_the_control_plane_does_not_run_yet_name_their_command():
-    fl = load_spec("examples/fl/mnist/app.yaml")
-    with pytest.raises(SpecError, match=r"^kind: the control plane does not run FLTask specs "
-                                        r"yet; use `plinth fl"):
-        check_kind(fl)
+def test_kinds_the_control_plane_does_not_run_name_their_command():
+    cluster = load_spec("examples/cluster.yaml")
+    with pytest.raises(SpecError, match=r"^kind: the control plane does not run Cluster specs "
+                                        r"yet; use `plinth sim"):
+        check_kind(cluster)
     assert check_kind(load_spec("examples/serve/service.yaml")) == "Service"
-    assert check_kind(spec()) == "Job" and "Service" in CONTROLLERS.names()
+    assert check_kind(load_spec("examples/fl/mnist/grpc.yaml")) == "FLTask"
+    assert check_kind(spec()) == "Job" and {"Service", "FLTask"} <= set(CONTROLLERS.names())

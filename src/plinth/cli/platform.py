@@ -276,9 +276,12 @@ def ls(all: Annotated[bool, typer.Option("--all", "-a", help="Include finished j
     if table and not name and not state:
         with Client(server, token) as c:
             ws = [w for w in c.workloads(all=all) if tenant is None or w["tenant"] == tenant]
-        if ws:
-            console.print()
-            console.print(workloads_table(ws, wide=output == "wide"))
+        for table in (services_table([w for w in ws if w["kind"] == "Service"],
+                                     wide=output == "wide"),
+                      fl_table([w for w in ws if w["kind"] == "FLTask"])):
+            if table.row_count:
+                console.print()
+                console.print(table)
     first = (page - 1) * limit + 1
     if table and (total > len(jobs) or page > 1):
         more = f"; more with --page {page + 1}" if first - 1 + len(jobs) < total else ""
@@ -290,11 +293,30 @@ def _ms(x: float | None) -> str:
     return "-" if x is None else f"{x:.0f}ms" if x >= 10 else f"{x:.1f}ms"
 
 
-def workloads_table(ws: list[dict], *, wide: bool = False) -> Table:
-    """Services (and the other kinds of several units) as `plinth ls` lists them under the
-    jobs: replicas desired / ready, request rate, p99 against the SLO, SLO attainment."""
+def fl_table(ws: list[dict]) -> Table:
+    """FL tasks as `plinth ls` lists them: round, last accuracy, participants and failures of
+    the last round, privacy spent, and the address clients connect to."""
     t = Table(box=None, header_style="bold", pad_edge=False)
-    cols = ["WORKLOAD", "KIND", "TENANT", "STATE", "REPLICAS", "RATE", "P99", "SLO", "IN SLO"]
+    for col in ("FLTASK", "TENANT", "STATE", "ROUND", "ACCURACY", "CLIENTS", "FAILED", "EPSILON",
+                "ADDRESS"):
+        t.add_column(col, no_wrap=True, justify="right" if col in (
+            "ROUND", "ACCURACY", "CLIENTS", "FAILED", "EPSILON") else "left")
+    for w in ws:
+        st = w["status"]
+        acc = (st.get("accuracy") or [[None, None]])[-1][1]
+        t.add_row(w["name"], w["tenant"], w["state"], f"{st.get('round', 0)}/{st.get('rounds')}",
+                  "-" if acc is None else f"{acc:.4f}", str(st.get("participants", "-")),
+                  str(st.get("failures", "-")),
+                  "-" if st.get("epsilon") is None else f"{st['epsilon']:.3g}",
+                  st.get("address", ""))
+    return t
+
+
+def services_table(ws: list[dict], *, wide: bool = False) -> Table:
+    """Services as `plinth ls` lists them under the jobs: replicas desired / ready, request
+    rate, p99 against the SLO, SLO attainment."""
+    t = Table(box=None, header_style="bold", pad_edge=False)
+    cols = ["SERVICE", "TENANT", "STATE", "REPLICAS", "RATE", "P99", "SLO", "IN SLO"]
     for col in [*cols, *(["URL"] if wide else [])]:
         t.add_column(col, justify="right" if col in ("REPLICAS", "RATE", "P99", "SLO",
                                                       "IN SLO") else "left", no_wrap=True)
@@ -303,7 +325,7 @@ def workloads_table(ws: list[dict], *, wide: bool = False) -> Table:
         if w["kind"] == "Service":
             spec_slo = st.get("slo_ms")
         attained = st.get("slo_attainment")
-        row = [w["name"], w["kind"], w["tenant"], w["state"],
+        row = [w["name"], w["tenant"], w["state"],
                f"{st.get('desired', '-')}/{st.get('ready', 0)}",
                f"{st.get('rate_rps', 0):g}/s", _ms(st.get("p99_ms")), _ms(spec_slo),
                "-" if attained is None else f"{100 * attained:.1f}%"]
@@ -335,6 +357,19 @@ def show_workload(w: dict) -> None:
                       f"predicted; p99 {_ms(st.pop('p99_ms', None))}", highlight=False)
     if st.get("reason"):
         console.print(f"why: {st.pop('reason')}", highlight=False)
+    if w["kind"] == "FLTask":
+        console.print(f"clients connect to {st.pop('address', '?')}; round "
+                      f"{st.pop('round', 0)} of {st.pop('rounds', '?')}; last round: "
+                      f"{st.pop('participants', 0)} participants, {st.pop('updates', 0)} "
+                      f"updates, {st.pop('failures', 0)} failures", highlight=False)
+        if st.get("epsilon") is not None:
+            console.print(f"privacy: ε {st.pop('epsilon'):.3g} spent of "
+                          f"{st.pop('epsilon_budget', None) or '?'}", highlight=False)
+        acc = st.pop("accuracy", [])
+        if acc:
+            console.print("accuracy per round: " + ", ".join(
+                f"{r}: {a:.4f}" if a is not None else f"{r}: -" for r, a in acc), highlight=False)
+        st.pop("failed_server_job", None)
     st.pop("router_port", None)
     st.pop("decided_at", None)
     if st:

@@ -17,7 +17,7 @@ from rich.live import Live
 
 from rich.console import Group
 
-from plinth.cli.platform import console, jobs_table, nodes_table, workloads_table
+from plinth.cli.platform import console, jobs_table, nodes_table, services_table
 from plinth.client import Client
 from plinth.sched.lifecycle import State
 from plinth.core.errors import PlinthError
@@ -126,7 +126,7 @@ def quickstart(
                         jobs = [c.job(j) for j in ids]
                         svc = c.workload(w["name"])
                         served = f"requests answered: {load.codes}"
-                        live.update(Group(jobs_table(jobs), "", workloads_table([svc]), served),
+                        live.update(Group(jobs_table(jobs), "", services_table([svc]), served),
                                     refresh=True)
                         if all(State(j["state"]).terminal for j in jobs):
                             break

@@ -17,8 +17,9 @@ live unit that is no longer wanted. The kinds map onto this as follows:
   submit path is hot) and has no controller or workload record.
 - `Service`: a replica set whose size the autoscaler picks (`plinth.serve.workload`). Its units
   are `replica-0..N-1`; scaling down drops the highest names; a replica that dies is replaced.
-- `FLTask`: a tree of aggregators. A leaf aggregator sets `colocate_with` to name the unit it
-  must share a node with.
+- `FLTask`: its server (`plinth.fl.workload`), resumed from its last round when replaced; then
+  a tree of aggregators, where a leaf sets `colocate_with` to name the unit whose node it must
+  share.
 - `Tune`: a set of fractional-GPU tuning servers.
 
 Until the scheduler places by `colocate_with`, `reconcile` refuses a unit that asks for it, in
@@ -80,6 +81,7 @@ class Controller(Protocol):
 
 CONTROLLERS: Registry[type] = Registry("workload kind")
 CONTROLLERS.add("Service", "plinth.serve.workload:ServiceController")
+CONTROLLERS.add("FLTask", "plinth.fl.workload:FLTaskController")
 
 
 def check_kind(spec: object) -> str:

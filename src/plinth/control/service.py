@@ -485,6 +485,23 @@ class ControlPlane:
         self.store.update_job(ins.job_id, handle=handle.to_dict())
         return o.Started(ins.job_id, ins.attempt, now)
 
+    def tenant_root(self, tenant: str, user: users.UnixUser | None) -> Path:
+        """Where a tenant's jobs keep their state: under $PLINTH_HOME, or as root in the
+        tenant's own folder of --jobs-dir."""
+        return (self.home / "checkpoints" if self.jobs_dir is None else
+                users.tenant_dir(self.jobs_dir, tenant, user))
+
+    def workload_dir(self, workload_id: int, tenant: str) -> Path:
+        """A workload's folder, readable and writable by its tenant's jobs (made if missing):
+        its units' state, and the files its controller hands them."""
+        run_as = self.tenant_users.get(tenant) if self.jobs_dir is not None else None
+        user = users.UnixUser.named(run_as) if run_as else None
+        d = self.tenant_root(tenant, user) / f"workload-{workload_id}"
+        d.mkdir(parents=True, exist_ok=True)
+        if user is not None:
+            os.chown(d, user.uid, user.gid, follow_symlinks=False)
+        return d
+
     def _launch_spec(self, ins: o.Launch) -> LaunchSpec:
         spec, alloc = self.specs[ins.job_id], ins.allocation
         req = spec.request()
@@ -493,10 +510,13 @@ class ControlPlane:
         run_as = self.tenant_users.get(tenant) if self.jobs_dir is not None else None
         user = users.UnixUser.named(run_as) if run_as else None
         # Made by the job when it first saves (plinth.job), so a job that never saves leaves
-        # no empty folder behind; with per-tenant users, under its tenant's own folder.
-        root = (self.home / "checkpoints" if self.jobs_dir is None else
-                users.tenant_dir(self.jobs_dir, tenant, user))
-        ckpt = spec.checkpoint_dir or str(root / str(ins.job_id))
+        # no empty folder behind; with per-tenant users, under its tenant's own folder. A unit
+        # of a workload keeps one folder across the jobs that replace it (its state: an FL
+        # server's round checkpoints), as a StatefulSet's pod keeps its volume.
+        root = self.tenant_root(tenant, user)
+        unit = self.workloads.job_unit.get(ins.job_id)
+        ckpt = spec.checkpoint_dir or str(
+            self.workload_dir(unit[0], tenant) / unit[1] if unit else root / str(ins.job_id))
         log_path = self.log_path(ins.job_id)
         with open(log_path, "a", encoding="utf-8") as f:
             if user is not None:  # the tenant's; in a folder only the server can enter

@@ -275,7 +275,9 @@ def job_to_run(spec: BaseModel, source: str = "spec") -> JobSpec:
     if isinstance(spec, JobSpec):
         return spec
     kind, run_with = spec.kind, spec.run_with  # type: ignore[attr-defined]  # every kind has them
-    if run_with == JobSpec.run_with:  # a kind the control plane runs, as a workload
+    from plinth.control.kinds import CONTROLLERS  # it imports this module
+
+    if kind in CONTROLLERS.names():  # a kind the control plane runs, as a workload
         raise SpecError(f"{source}: kind: a {kind} spec is not a Job; submit it with "
                         "`plinth submit FILE` (Client.submit_workload)")
     raise SpecError(f"{source}: kind: the control plane does not run {kind} specs yet; use "

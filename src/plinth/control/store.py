@@ -276,6 +276,11 @@ class Store:
         with self._write, self.engine.begin() as c:
             c.execute(workloads.update().where(workloads.c.id == workload_id).values(**fields))
 
+    def delete_workload(self, workload_id: int) -> None:
+        """Forget a workload refused at submit (it has no units yet)."""
+        with self._write, self.engine.begin() as c:
+            c.execute(workloads.delete().where(workloads.c.id == workload_id))
+
     def workloads(self, *, tenant: str | None = None, active: bool | None = None,
                   name: str | None = None) -> list[dict]:
         """Workloads matching the filters, newest first."""

@@ -45,7 +45,8 @@ class Workloads:
 
     def controller(self, kind: str) -> Any:
         if kind not in self.controllers:
-            self.controllers[kind] = CONTROLLERS.make(kind, **self.options.get(kind, {}))
+            ctl = self.controllers[kind] = CONTROLLERS.make(kind, **self.options.get(kind, {}))
+            getattr(ctl, "bind", lambda _: None)(self.cp)  # one that needs the control plane
         return self.controllers[kind]
 
     def close(self) -> None:
@@ -68,13 +69,19 @@ class Workloads:
             check = getattr(ctl, "check", None)
             if check is not None:
                 check(w, sum(n.cpus_milli for n in cluster.nodes) / 1000, cluster.total_gpus)
-            for u in ctl.units(w, {}, self.cp.clock()):  # each must be able to run here
-                self.cp.admit(u.spec, tenant)
             w.id = self.cp.store.insert_workload(
                 {"kind": w.kind, "name": w.name, "tenant": tenant,
                  "spec": spec.model_dump(mode="json"), "status": {}, "secret": w.secret},
                 self.cp.clock())
-            self._start(w)
+            try:
+                self._start(w)
+                for u in ctl.units(w, {}, self.cp.clock()):  # each must be able to run here
+                    self.cp.admit(u.spec, tenant)
+            except BaseException:  # refused: nothing of it stays
+                self.active.pop(w.id, None)
+                getattr(ctl, "ended", lambda _: None)(w)
+                self.cp.store.delete_workload(w.id)
+                raise
             self.reconcile(w, self.cp.clock())
             return w
 

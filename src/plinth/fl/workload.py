@@ -1,0 +1,144 @@
+"""Federated tasks as platform workloads: the FLTask kind's controller.
+
+An FL app YAML submitted with `plinth submit` (`kind: FLTask`) becomes a workload whose unit
+`server` is an ordinary job: `plinth fl server` with the task's resources, tenant and quota,
+listening on an address the controller picks once and keeps. Remote clients connect to it over
+gRPC with their tokens (`transport.tokens` is required: the address is reachable by anyone who
+can reach the machine). The server checkpoints every round into the unit's folder, which stays
+the same across the jobs that replace it, so a server that dies, or is lost with its node, is
+started again with `--resume` and goes on from its last round; after `kill -9` of the control
+plane a running server is re-adopted as any job.
+
+Each second the controller reads the rounds the server has committed (its checkpoint's
+`meta.sqlite`) into the task's status: the round, accuracy per round, participants, failures
+and the privacy budget spent, which `plinth show TASK` prints. The task succeeds when its
+server does, and fails after `MAX_RESTARTS` failed servers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from plinth.control.kinds import Observed, Unit, Workload
+from plinth.control.spec import JobSpec
+from plinth.core.errors import SpecError
+from plinth.core.net import free_port
+from plinth.sched.lifecycle import State
+
+MAX_RESTARTS = 3
+RECENT_ROUNDS = 50  # accuracy per round kept in the status (the checkpoint has them all)
+
+
+class FLTaskController:
+    kind = "FLTask"
+
+    def __init__(self, *, host: str = "127.0.0.1") -> None:
+        self.host = host
+        self.cp: Any = None
+
+    def bind(self, cp: Any) -> None:
+        self.cp = cp
+
+    def check(self, w: Workload, cluster_cpus: float, cluster_gpus: int) -> None:
+        spec = w.spec
+        if spec.admm is not None:
+            raise SpecError("admm: a decentralised task has no server to run; use "
+                            "`plinth fl admm FILE`")
+        if not spec.transport.tokens:
+            raise SpecError("transport.tokens: an FLTask's server is reachable on the network, "
+                            "so its clients need tokens (`plinth fl tokens FILE --clients N`)")
+        tokens = Path(spec.resolve(spec.transport.tokens) or "")
+        if not tokens.is_file():
+            raise SpecError(f"transport.tokens: no such file {str(tokens)!r}")
+
+    def _dir(self, w: Workload) -> Path:
+        return self.cp.workload_dir(w.id, w.tenant)
+
+    def started(self, w: Workload) -> None:
+        """Pick the server's address once, and write the app where the server's job reads it
+        (paths in it made absolute, so it runs from any folder)."""
+        w.status.setdefault("address", f"{self.host}:{free_port(self.host)}")
+        doc = w.spec.model_dump(mode="json", exclude={"base_dir", "checkpoint_dir", "tenant",
+                                                       "resources", "priority"})
+        for key in ("code",):
+            doc[key] = w.spec.resolve(doc.get(key))
+        t = doc["transport"]
+        t["tokens"] = w.spec.resolve(t.get("tokens"))
+        if t.get("tls"):
+            t["tls"] = {k: w.spec.resolve(v) for k, v in t["tls"].items()}
+        if doc.get("consent"):
+            doc["consent"]["registry"] = w.spec.resolve(doc["consent"]["registry"])
+        app = self._dir(w) / "app.yaml"
+        app.write_text(yaml.safe_dump(doc, sort_keys=False))
+        owner = self._dir(w).stat()
+        os.chown(app, owner.st_uid, owner.st_gid)
+        w.status.setdefault("round", 0)
+        w.status.setdefault("rounds", w.spec.server.rounds)
+
+    def units(self, w: Workload, observed: Mapping[str, Observed], now: float) -> list[Unit]:
+        server = observed.get("server")
+        if server is not None and server.state is State.SUCCEEDED:
+            return []
+        if server is not None and server.state.terminal and \
+                w.status.get("restarts", 0) >= MAX_RESTARTS:
+            return []
+        if server is not None and server.state.terminal and \
+                w.status.get("failed_server_job") != server.job_id:  # count each failure once
+            w.status["restarts"] = w.status.get("restarts", 0) + 1
+            w.status["failed_server_job"] = server.job_id
+        d = self._dir(w)
+        command = [sys.executable, "-m", "plinth.cli.main", "fl", "server", str(d / "app.yaml"),
+                   "--address", w.status["address"], "--checkpoint", str(d / "server"),
+                   "--resume", "--json", str(d / "results.json")]
+        spec = JobSpec(name=f"{w.name}.server", tenant=w.tenant, command=command,
+                       resources=w.spec.resources, priority=w.spec.priority,
+                       preemptible=False, env={"OMP_NUM_THREADS": "1"})
+        return [Unit("server", spec)]
+
+    def finished(self, w: Workload, observed: Mapping[str, Observed]) -> str | None:
+        server = observed.get("server")
+        if server is None or not server.state.terminal:
+            return None
+        if server.state is State.SUCCEEDED:
+            self._read(w)
+            return "succeeded"
+        return "failed" if w.status.get("restarts", 0) >= MAX_RESTARTS else None
+
+    def tick(self, ws: list[Workload], now: float) -> list[Workload]:
+        return [w for w in ws if self._read(w)]
+
+    def _read(self, w: Workload) -> bool:
+        """The rounds committed since the last read, into the status; True if any."""
+        db = self._dir(w) / "server" / "meta.sqlite"
+        if not db.exists():
+            return False
+        try:
+            with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1) as c:
+                rows = c.execute("SELECT round, record FROM rounds WHERE round > ? "
+                                 "ORDER BY round", (w.status.get("round", 0),)).fetchall()
+        except sqlite3.Error:
+            return False
+        if not rows:
+            return False
+        acc = w.status.setdefault("accuracy", [])
+        for rnd, text in rows:
+            rec = json.loads(text)
+            acc.append([rnd, rec.get("accuracy")])
+            metrics = rec.get("metrics") or {}
+            w.status.update(round=rnd, participants=len(rec.get("clients") or []),
+                            updates=rec.get("updates"), failures=len(rec.get("failures") or []))
+            eps = next((metrics[k] for k in ("epsilon", "dp_epsilon") if k in metrics), None)
+            if eps is not None:
+                w.status["epsilon"] = eps
+        del acc[:-RECENT_ROUNDS]
+        if w.spec.privacy.dp is not None:
+            w.status["epsilon_budget"] = getattr(w.spec.privacy.dp, "epsilon", None)
+        return True
