@@ -253,7 +253,8 @@ def test_registers_heartbeats_and_leaves_on_sigterm(registry) -> None:
         _wait_for(lambda: len(reg.events) >= 2, "two heartbeats")
         assert httpx.post(rp.url + "/infer", json={"inputs": [[0.0] * 784]}).status_code == 200
         assert rp.stop() == 0
-    body = {"unit": "svc-0", "url": rp.url}
+    body = {"unit": "svc-0", "url": rp.url}  # and its measured one-request time
+    assert all(b.pop("service_ms") > 0 for _, b, _ in reg.events)
     assert all(ok for _, _, ok in reg.events)  # every POST carried the bearer secret
     assert all(b == body for _, b, _ in reg.events)
     kinds = [k for k, _, _ in reg.events]

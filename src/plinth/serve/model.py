@@ -181,16 +181,27 @@ def load_handler(ref: str | None, *, workdir: str | None = None) -> Handler:
 # --- running and checking -----------------------------------------------------------------------
 
 
-def forward_fn(net: torch.nn.Module) -> Forward:
-    """`net` as a function batch -> outputs, without autograd bookkeeping; a model whose output is
-    not one tensor raises TypeError (the replica can only split a tensor by request)."""
+def forward_fn(net: torch.nn.Module, device: str = "cpu") -> Forward:
+    """`net` as a function batch -> outputs, without autograd bookkeeping, run on `device`
+    (inputs and outputs stay on the CPU); a model whose output is not one tensor raises
+    TypeError (the replica can only split a tensor by request)."""
+    net = net.to(device)
+
     def forward(x: torch.Tensor) -> torch.Tensor:
         with torch.inference_mode():
-            y = net(x)
+            y = net(x.to(device))
         if not isinstance(y, torch.Tensor):
             raise TypeError(f"the model returned {type(y).__name__}, not a torch.Tensor")
-        return y
+        return y.cpu()
     return forward
+
+
+def replica_device() -> str:
+    """The GPU (share) the runtime gave this replica, if any: it sets CUDA_VISIBLE_DEVICES, and
+    for a gpu_fraction the MPS thread percentage and memory limit, before the process starts."""
+    if os.environ.get("CUDA_VISIBLE_DEVICES", "") not in ("", "-1") and torch.cuda.is_available():
+        return "cuda"
+    return "cpu"
 
 
 def parse_shape(text: str) -> tuple[int, ...]:
