@@ -77,7 +77,7 @@ def bench_stream(pool, n, weights, repeat) -> tuple[float, int]:
 
 
 def bench_tree(ta: TreeAggregation, leaves: int, pool, n, weights, repeat) -> tuple[float, int]:
-    ta.leaves = leaves  # the elastic step: the same tree, scaled before the round
+    ta.fixed = leaves  # the elastic step: the same tree, scaled before the round
     times = []
     for _ in range(repeat + 1):
         acc = ta.begin(pool[0], n)

@@ -207,7 +207,8 @@ def test_resume_replays_the_local_dp_accounting():
                            metrics=first.end_round(r, None, ["0"], [])) for r in (1, 2)]
     resumed = Safeguards(spec)
     resumed.restore(records)
-    assert resumed.local_accountant.history == pytest.approx(first.local_accountant.history)
+    assert resumed.privacy.local_accountant.history == \
+        pytest.approx(first.privacy.local_accountant.history)
     assert resumed.end_round(3, None, ["0"], [])["local_epsilon"] == pytest.approx(
         first.end_round(3, None, ["0"], [])["local_epsilon"])
 

@@ -18,6 +18,7 @@ from plinth.cli.fl import app
 from plinth.core.errors import SpecError
 from plinth.fl.aggregate.hierarchy import Hierarchy
 from plinth.fl.app import ServerSpec, parse_app
+from plinth.fl.checkpoint import Checkpointer
 from plinth.fl.client import ClientRunner
 from plinth.fl.server import Server
 from plinth.fl.strategies import make_strategy
@@ -60,11 +61,11 @@ class Rand:
         return 0.0, self.n, {}
 
 
-def _server(clients, aggregation=None, fraction=1.0):
+def _server(clients, aggregation=None, fraction=1.0, checkpoint=None):
     t = ThreadTransport({cid: ClientRunner(c) for cid, c in clients.items()}, threads=4)
     cfg = ServerSpec(rounds=2, fraction=fraction, min_clients=1, min_available=1,
                      straggler_timeout=60.0, aggregation=aggregation or {})
-    s = Server(make_strategy("fedavg"), t, cfg, seed=0,
+    s = Server(make_strategy("fedavg"), t, cfg, seed=0, checkpoint=checkpoint,
                evaluate=lambda p: (0.0, {"accuracy": 0.5}))
     s.initialize(X0)
     return s, t
@@ -87,8 +88,8 @@ def test_tree_gives_the_streaming_model_and_bad_updates_become_failures():
         finally:
             t.close()
             if mode == "tree":
-                blocks = s.strategy._tree.tree.blocks()
-                s.strategy._tree.close()
+                blocks = s.strategy.tree.tree.blocks()
+                s.strategy.close()
     (stream, p_stream), (tree, p_tree) = runs["stream"], runs["tree"]
     for a, b in zip(p_stream, p_tree):
         np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5)
@@ -104,24 +105,38 @@ def test_tree_gives_the_streaming_model_and_bad_updates_become_failures():
     assert blocks and not _leaked(blocks)  # every slot and partial-sum block was freed
 
 
-def test_leaves_scale_with_the_selected_clients_and_persist():
+def test_leaves_follow_the_sizing_stay_warm_and_the_shape_is_published(tmp_path):
+    """Round 1 has no measured throughput (the prior: ceil(2 / 2) leaves); later rounds have
+    a fold deadline no leaf can meet, so as many leaves as updates, at most max_leaves. Each
+    round's desired shape is in tree.json in the checkpoint folder, as a controller reads it."""
     clients = _clients(poison=False) | {f"d{i}": Rand(50 + i, 4) for i in range(2)}  # 8 clients
-    s, t = _server(clients, {"mode": "tree", "updates_per_leaf": 2, "max_leaves": 3})
+    agg = {"mode": "tree", "updates_per_leaf": 2, "max_leaves": 3, "fold_deadline": 1e-9}
+    s, t = _server(clients, agg, checkpoint=Checkpointer(tmp_path))
     try:
         seen = []
-        for r, fraction in enumerate((0.25, 1.0, 0.5, 0.25), start=1):
-            s.cfg.fraction = fraction  # 2, 8, 4, 2 clients
+        for r, fraction in enumerate((0.25, 1.0, 0.5, 0.25, 0.25), start=1):
+            s.cfg.fraction = fraction  # 2, 8, 4, 2, 2 clients
             rec = s.fit_round(r)
-            tree = s.strategy._tree.tree
-            seen.append((rec.metrics["leaves"], rec.updates, tree.pids))
+            tree = s.strategy.tree
+            doc = json.loads((tmp_path / "tree.json").read_text())
+            seen.append((rec.metrics["leaves"], rec.updates, tree.tree.pids, doc, rec.clients,
+                         tree.tree.standby))
+        third = seen[2][2][2]
+        third_gone = _gone(third)  # before close(): retired by the tree itself
     finally:
         t.close()
-        s.strategy._tree.close()
-    # ceil(selected / 2), at most max_leaves
-    assert [(n, u) for n, u, _ in seen] == [(1.0, 2), (3.0, 8), (2.0, 4), (1.0, 2)]
-    # the first leaf ran every round (persistent), the others were started and retired
-    assert len({pids[0] for _, _, pids in seen}) == 1
-    assert _gone(seen[1][2][2])  # the third leaf was retired after round 2
+        s.strategy.close()
+    assert [(n, u) for n, u, *_ in seen] == [(1.0, 2), (3.0, 8), (3.0, 4), (2.0, 2), (2.0, 2)]
+    for r, (n, _, pids, doc, chosen, _) in enumerate(seen, start=1):
+        assert doc["round"] == r and doc["leaves"] == n and doc["middles"] == 1
+        assert doc["pids"] == pids and len(doc["assignment"]) == n
+        assert sorted(c for cs in doc["assignment"].values() for c in cs) == sorted(chosen)
+    assert "no throughput measured" in seen[0][3]["reason"]
+    assert seen[1][3]["leaf_throughput_bps"] > 0  # measured in round 1, used from round 2
+    # the first leaf ran every round (warm); the third, not needed in round 4, was kept warm
+    # on standby for one round, then stopped
+    assert len({pids[0] for _, _, pids, *_ in seen}) == 1
+    assert seen[3][5] == [third] and seen[4][5] == [] and third_gone
 
 
 def test_a_killed_leaf_is_replaced_and_its_updates_are_lost_not_fatal():
@@ -162,6 +177,7 @@ def test_a_stuck_leaf_is_killed_and_replaced_after_the_stall_timeout():
            for k in range(12)]
     tree = Hierarchy(X0, leaves=2, slots=2, stall_timeout=1.0)
     try:
+        assert tree.wait_ready(120)  # stopped while folding, not while starting
         stuck = tree.pids[0]
         os.kill(stuck, signal.SIGSTOP)
         for k, (a, w) in enumerate(ups):  # the pool (2 slots) runs dry on the stuck leaf
@@ -186,7 +202,7 @@ def test_a_leaf_killed_mid_round_does_not_crash_the_server():
             if Killer.killed:
                 return super().fit(params, config)
             Killer.killed = True
-            pid = server.strategy._tree.tree.pids[0]
+            pid = server.strategy.tree.tree.pids[0]
             os.kill(pid, signal.SIGKILL)
             while not _gone(pid) and not _reaped(pid):
                 time.sleep(0.01)
@@ -206,7 +222,7 @@ def test_a_leaf_killed_mid_round_does_not_crash_the_server():
         second = server.fit_round(2)  # the replacement leaf takes its share
     finally:
         t.close()
-        server.strategy._tree.close()
+        server.strategy.close()
     lost = [f for f in first.failures if "died" in f["reason"]]
     assert first.updates + len(lost) == 7 and len(first.failures) == len(lost), first.failures
     assert first.metrics["leaf_replacements"] == 1.0
@@ -214,10 +230,62 @@ def test_a_leaf_killed_mid_round_does_not_crash_the_server():
     assert all(np.isfinite(p).all() for p in server.strategy.parameters)
 
 
+def test_the_tree_takes_consent_and_local_dp_like_the_flat_server(tmp_path):
+    """Consent (selection, refusal on arrival, audit) and local DP (accounting) act outside the
+    fold, so the tree runs them: the same model and the same failures as mode: stream."""
+    from plinth.fl.privacy.consent import ConsentRegistry
+    from plinth.fl.safeguards import Safeguards
+
+    class Revoker(Rand):
+        def fit(self, params, config):
+            if int(config.get("round", 0)) == 2:
+                reg = ConsentRegistry(str(db))
+                reg.revoke("c1", "p", now=time.time())
+                reg.close()
+            return super().fit(params, config)
+
+    out = {}
+    for mode in ("stream", "tree"):
+        db = tmp_path / f"{mode}.sqlite"
+        reg = ConsentRegistry(str(db))
+        for cid in ("c0", "c1", "c2", "c3", "c4"):  # c5 never consents
+            reg.grant(cid, "p", version=1, now=time.time())
+        reg.close()
+        spec = parse_app({"name": "t", "consent": {"purpose": "p", "registry": str(db)},
+                          "privacy": {"local_dp": {"noise_multiplier": 1.0}},
+                          "server": {"aggregation": {"mode": mode, "leaves": 2}}})
+        clients = _clients(poison=False) | {"c1": Revoker(1, 6)}
+        t = ThreadTransport({cid: ClientRunner(c) for cid, c in clients.items()}, threads=4)
+        cfg = ServerSpec(rounds=2, fraction=1.0, min_clients=1, min_available=1,
+                         straggler_timeout=60.0, aggregation=spec.server.aggregation)
+        guard = Safeguards(spec)
+        s = Server(make_strategy("fedavg"), t, cfg, seed=0, safeguards=guard,
+                   evaluate=lambda p: (0.0, {"accuracy": 0.5}))
+        s.initialize(X0)
+        try:
+            recs = s.run(2)
+        finally:
+            t.close()
+            s.strategy.close()
+            guard.close()
+        out[mode] = (recs, [p.copy() for p in s.strategy.parameters])
+    (stream, p_stream), (tree, p_tree) = out["stream"], out["tree"]
+    for a, b in zip(p_stream, p_tree):
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5)
+    for rs, rt in zip(stream, tree):
+        assert "c5" not in rt.clients and rt.updates == rs.updates
+        assert rt.metrics["local_epsilon"] == pytest.approx(rs.metrics["local_epsilon"])
+        assert rt.metrics["leaves"] == 2.0
+    refused = [f for f in tree[1].failures if f["cid"] == "c1"]
+    assert refused and "consent" in refused[0]["reason"] and tree[1].updates == 4
+
+
 def _app(tmp_path, mode, **extra):
     doc = yaml.safe_load((APPS / "tiny.yaml").read_text())
     doc["code"] = str(APPS / "tiny.py")
     doc["server"]["aggregation"] = {"mode": mode, "updates_per_leaf": 2}
+    # a loaded machine starts the client workers (torch) and the leaves slowly: no straggler
+    doc["server"]["straggler_timeout"] = 900
     doc |= extra
     p = tmp_path / f"{mode}.yaml"
     p.write_text(yaml.safe_dump(doc))
@@ -234,8 +302,10 @@ def test_sim_in_tree_mode_matches_stream_mode(tmp_path):
         doc = json.loads(out.read_text())
         assert [r["updates"] for r in doc["rounds"]] == [4, 4]
         acc[mode] = doc["final_accuracy"]
-        if mode == "tree":
-            assert [r["leaves"] for r in doc["rounds"]] == [2.0, 2.0]
+        if mode == "tree":  # round 1: the prior ceil(4 / 2); then the measured throughput
+            leaves = [r["leaves"] for r in doc["rounds"]]
+            assert leaves[0] == 2.0 and 1.0 <= leaves[1] <= 2.0
+            assert doc["rounds"][1]["leaf_mbps"] > 0
     assert acc["tree"] > 0.4 and abs(acc["tree"] - acc["stream"]) < 0.05
 
 

@@ -41,11 +41,11 @@ def client_over_grpc():
     worker.join(timeout=10)
 
 
-def _setup(transport, params, round_id: int, **cfg) -> object:
+def _setup(transport, params, round_id: int, stage: str = "advertise", **cfg) -> object:
     base = {"client_ids": tuple(range(N)), "vector_len": sum(p.size for p in params),
             "round_id": round_id, "graph_seed": public_graph_seed(0, round_id)}
     config = SecAggConfig(**{**base, **cfg})
-    payload = serde.encode(SecAggIns(round_id, "setup", params, setup_meta(config, 0, {}, None)))
+    payload = serde.encode(SecAggIns(round_id, stage, params, setup_meta(config, 0, {}, None)))
     return serde.decode(transport.submit("0", payload).result(timeout=60))
 
 
@@ -70,3 +70,18 @@ def test_the_honest_setup_is_accepted(client_over_grpc):
     assert len(reply.arrays) >= 1 and ROUND + 1 in runner.secagg_sessions
     keys = np.concatenate([np.asarray(a).ravel() for a in reply.arrays])
     assert keys.size > 0
+
+
+@pytest.mark.parametrize("old", ["setup", "advertise_keys", "unmasking"])
+def test_one_stage_vocabulary_the_old_names_are_refused(client_over_grpc, old):
+    """The protocol, the wire and the driver share `Stage`: a setup under one of the three
+    old vocabularies' names starts nothing on a real client."""
+    from plinth.fl.privacy.secagg_messages import NEXT_STAGE, ROUND_STAGES, STAGE_MESSAGES, Stage
+
+    assert [str(s) for s in ROUND_STAGES] == ["advertise", "share_keys", "masked_input",
+                                             "unmask"]
+    assert set(STAGE_MESSAGES) == set(ROUND_STAGES[1:]) and NEXT_STAGE[Stage.UNMASK] == "done"
+    _, transport, runner, params = client_over_grpc
+    reply = _setup(transport, params, ROUND + 7, stage=old)
+    assert isinstance(reply, ErrorRes) and "no state for" in reply.message
+    assert ROUND + 7 not in runner.secagg_sessions

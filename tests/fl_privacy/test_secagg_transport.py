@@ -146,7 +146,7 @@ def test_secagg_messages_round_trip_through_serde():
             else:
                 assert got == msg
     # a setup message carries the model and the round's parameters
-    ins = SecAggIns(3, "setup", X0, {"config": {"mu": 0.1}, "secagg": {"n": 4}, "dp": None})
+    ins = SecAggIns(3, "advertise", X0, {"config": {"mu": 0.1}, "secagg": {"n": 4}, "dp": None})
     back = serde.decode(serde.encode(ins))
     assert back.meta == ins.meta and all(np.array_equal(a, b) for a, b in zip(back.arrays, X0))
 

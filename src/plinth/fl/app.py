@@ -21,7 +21,8 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from plinth.core.errors import SpecError
+from plinth.control.spec import Resources
+from plinth.core.errors import PlinthError, SpecError
 from plinth.core.spec import load_spec, spec_from_dict
 from plinth.fl.compress import CODECS
 from plinth.fl.robust.rules import RULES
@@ -95,17 +96,36 @@ class EligibilitySpec(_Spec):
 
 class AggregationSpec(_Spec):
     """How the server folds updates: `stream` in its own process, or `tree`: the elastic LIFL
-    tree of leaf aggregator processes over shared memory (plinth.fl.aggregate.tree), with
-    ceil(selected / updates_per_leaf) leaves a round (`leaves: auto`, at most `max_leaves`,
-    default the CPU count) or a fixed number."""
+    tree of leaf aggregator processes over shared memory (plinth.fl.aggregate.tree). With
+    `leaves: auto` each round is sized by `plinth.fl.aggregate.sizing.size_tree`: enough leaves
+    to fold the selected updates within `fold_deadline` seconds at the leaves' measured
+    throughput (`updates_per_leaf` a leaf before any was measured), at most `max_leaves` (the
+    task's aggregator budget, not the machine's CPU count); or a fixed number."""
 
     mode: Literal["stream", "tree"] = "stream"
     leaves: Any = "auto"  # "auto" or a whole number >= 1
-    max_leaves: int | None = Field(default=None, ge=1)
+    max_leaves: int = Field(default=4, ge=1)
     updates_per_leaf: int = Field(default=8, ge=1)
+    fold_deadline: float = Field(default=1.0, gt=0)
     # a leaf that hands back no slot (or no partial sum) for this long is stuck: it is killed
     # and replaced, and the round's updates it held are failures
     leaf_timeout: float = Field(default=60.0, gt=0)
+    # leaves started by the runtime join here (loopback host:port or a UNIX socket path) with
+    # the token in leaf_token_file; the server then starts no leaf process itself
+    leaf_listen: str | None = None
+    leaf_token_file: str | None = None
+    leaf_join_timeout: float = Field(default=60.0, gt=0)
+
+    @field_validator("leaf_listen")
+    @classmethod
+    def _listen(cls, v: str | None) -> str | None:
+        from plinth.fl.aggregate.leaf import parse_address
+
+        try:
+            parse_address(v) if v is not None else None
+        except (PlinthError, ValueError) as e:
+            raise ValueError(str(e)) from None
+        return v
 
     @field_validator("leaves")
     @classmethod
@@ -116,7 +136,12 @@ class AggregationSpec(_Spec):
 
     @model_validator(mode="after")
     def _cap(self) -> AggregationSpec:
-        if self.leaves != "auto" and self.max_leaves is not None and self.leaves > self.max_leaves:
+        if (self.leaf_listen is None) != (self.leaf_token_file is None):
+            raise ValueError("leaf_listen and leaf_token_file go together (external leaves "
+                             "join with the task's token)")
+        if self.leaves != "auto" and "max_leaves" not in self.model_fields_set:
+            self.max_leaves = max(self.max_leaves, self.leaves)  # a fixed tree sets its own cap
+        if self.leaves != "auto" and self.leaves > self.max_leaves:
             raise ValueError(f"leaves: {self.leaves} is more than max_leaves {self.max_leaves}")
         return self
 
@@ -303,6 +328,10 @@ class AppSpec(_Spec):
 
     kind: Literal["FLTask"] = "FLTask"
     name: str = "fl-app"
+    # As a platform workload (`plinth submit`): whose it is, and what its server runs with.
+    tenant: str | None = None
+    priority: int = Field(default=0, ge=-1000, le=1000)
+    resources: Resources = Field(default_factory=lambda: Resources(cpus=1, memory=2048))
     code: str | None = None
     seed: int = 0
     data: DataSpec = Field(default_factory=DataSpec)

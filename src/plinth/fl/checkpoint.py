@@ -70,6 +70,15 @@ class Checkpointer:
         for old in sorted(self.dir.glob("round_*"))[:-KEEP]:
             shutil.rmtree(old, ignore_errors=True)
 
+    def publish(self, name: str, doc: dict[str, Any]) -> Path:
+        """Write `doc` as JSON to `name` in the folder, atomically (a reader never sees half
+        of it): the status a controller reads, e.g. the aggregator tree's ``tree.json``."""
+        path = self.dir / name
+        tmp = self.dir / f".{name}.tmp"
+        tmp.write_text(json.dumps(doc, indent=1, sort_keys=True))
+        tmp.replace(path)
+        return path
+
     def latest(self) -> Restored | None:
         row = self.db.execute("SELECT round, n_params, state_names FROM rounds "
                               "ORDER BY round DESC LIMIT 1").fetchone()

@@ -122,6 +122,7 @@ class ClientRunner:
         state. A refused message (replayed, out of turn, malformed) is logged and answered with
         an `ErrorRes` (by `handle`), and the round's state stays as it was."""
         from plinth.fl.privacy.secagg import SecAggError
+        from plinth.fl.privacy.secagg_messages import Stage
         from plinth.fl.privacy.secagg_round import (
             SETUP,
             ClientRound,
@@ -139,7 +140,7 @@ class ClientRunner:
                 log.warning("secagg: %s", why)
                 raise SecAggError(why)
             res = session.answer(ins)
-            if ins.stage == "unmask":
+            if ins.stage == Stage.UNMASK:
                 del sessions[ins.round]
             return res
         if ins.round in sessions:

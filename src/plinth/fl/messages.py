@@ -71,7 +71,7 @@ class ErrorRes:
 class SecAggIns:
     """Server → client: one stage of a SecAgg+ round (`plinth.fl.privacy.secagg_round`).
 
-    Stage "setup" carries the model in `arrays` and, in `meta`, the fit config and the round's
+    Stage "advertise" (`plinth.fl.privacy.secagg.Stage`, the one vocabulary) carries the model in `arrays` and, in `meta`, the fit config and the round's
     public SecAgg+ parameters: the client trains, encodes its update and advertises its keys.
     The later stages ("share_keys", "masked_input", "unmask") carry the protocol's server
     message, its scalar fields in `meta` and its ids, keys and ciphertexts as numeric arrays.
@@ -85,7 +85,7 @@ class SecAggIns:
 
 @dataclass(slots=True)
 class SecAggRes:
-    """Client → server: its SecAgg+ message for the stage ("advertise" answers "setup")."""
+    """Client → server: its SecAgg+ message for the stage its request named."""
 
     round: int
     stage: str

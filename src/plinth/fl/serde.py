@@ -203,6 +203,21 @@ def chunks(buf: bytes | bytearray | memoryview, size: int) -> Iterator[bytes]:
         yield bytes(mv[start:start + size])
 
 
+def join_into(pieces: Iterator[bytes], out: bytearray | memoryview) -> int:
+    """Write chunks straight into `out` (a preallocated buffer of the announced size); raises
+    `SerdeError` unless they fill it exactly. Returns the bytes written."""
+    dst = memoryview(out).cast("B")
+    total, pos = dst.nbytes, 0
+    for p in pieces:
+        if pos + len(p) > total:
+            raise SerdeError(f"corrupt stream: more than the announced {total} bytes")
+        dst[pos:pos + len(p)] = p
+        pos += len(p)
+    if pos != total:
+        raise SerdeError(f"corrupt stream: got {pos} of the announced {total} bytes")
+    return pos
+
+
 def join(pieces: Iterator[bytes], total: int | None = None) -> bytearray:
     """Chunks back into one writable buffer (preallocated when `total` is known)."""
     if total is None:
@@ -211,12 +226,5 @@ def join(pieces: Iterator[bytes], total: int | None = None) -> bytearray:
             out += p
         return out
     out = bytearray(total)
-    pos = 0
-    for p in pieces:
-        if pos + len(p) > total:
-            raise SerdeError(f"corrupt stream: more than the announced {total} bytes")
-        out[pos:pos + len(p)] = p
-        pos += len(p)
-    if pos != total:
-        raise SerdeError(f"corrupt stream: got {pos} of the announced {total} bytes")
+    join_into(pieces, out)
     return out

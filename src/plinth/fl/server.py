@@ -28,7 +28,7 @@ import numpy as np
 
 from plinth.core.errors import PlinthError
 from plinth.fl import serde
-from plinth.fl.aggregate.engine import UpdateRejected
+from plinth.fl.aggregate.accumulator import Accumulator, Template, UpdateRejected, template_of
 from plinth.fl.app import EligibilitySpec, ServerSpec
 from plinth.fl.checkpoint import Checkpointer
 from plinth.fl.compress import decompress
@@ -102,7 +102,7 @@ class Server:
         self.safeguards = safeguards if safeguards is not None and safeguards.active else None
         self.stopped: str | None = None  # why the task ended before its last round
         self.records: list[RoundRecord] = []
-        self.template: list[tuple[tuple[int, ...], np.dtype]] = []
+        self.template: Template = []
         self.start_round = 1
         self._declared: dict[str, int] = {}  # num_examples each client declared on joining
 
@@ -111,7 +111,7 @@ class Server:
     def initialize(self, parameters: NDArrays, *, resume: bool = False) -> None:
         """Start from `parameters`, or from the newest checkpoint when `resume` is set."""
         self.strategy.initialize(parameters)
-        self.template = [(tuple(p.shape), p.dtype) for p in self.strategy.parameters]
+        self.template = template_of(self.strategy.parameters)
         if resume and self.checkpoint is not None:
             got = self.checkpoint.latest()
             if got is not None:
@@ -203,7 +203,7 @@ class Server:
         log.warning("client %s rejected in round %d: %s", cid, version, why)
         failures.append(Failure(cid, version, "rejected", why))
 
-    def _fold(self, cid: str, fut: Future, acc: Any, version: int, failures: list[Failure],
+    def _fold(self, cid: str, fut: Future, acc: Accumulator, version: int, failures: list[Failure],
               staleness_of: Callable[[int], int] | None = None) -> int:
         """Decode one reply and fold it at once; returns the reply's size."""
         size, item = self._decode(cid, fut, version, failures, staleness_of)
@@ -214,7 +214,7 @@ class Server:
                 self._reject(cid, version, str(e), failures)
         return size
 
-    def _fold_batch(self, batch: list[tuple[str, Future]], acc: Any, version: int,
+    def _fold_batch(self, batch: list[tuple[str, Future]], acc: Accumulator, version: int,
                     failures: list[Failure]) -> int:
         """Replies that completed together are folded in one sweep (`add_many`): each chunk of
         the accumulator is then read and written once for all of them."""
@@ -248,7 +248,8 @@ class Server:
                 return None
             if guard.secagg is not None:
                 return self._secagg_round(r, chosen)
-            acc = guard.begin(r, self.strategy, chosen)
+            acc = guard.begin(r, self.strategy, chosen, self.cfg.aggregation)
+        self._publish_tree(chosen)
         payload = serde.encode(FitIns(r, self.strategy.parameters, self.strategy.fit_config(r)))
         futures = {self.transport.submit(cid, payload): cid for cid in chosen}
         failures: list[Failure] = []
@@ -260,8 +261,10 @@ class Server:
             if left <= 0:
                 break
             done, pending = wait(pending, timeout=left, return_when=FIRST_COMPLETED)
-            up += self._fold_batch(sorted(((futures[f], f) for f in done),
-                                          key=lambda x: x[0]), acc, r, failures)
+            batch = sorted(((futures.pop(f), f) for f in done), key=lambda x: x[0])
+            done = set()  # the folded replies go now: the transport bounds the ones held
+            up += self._fold_batch(batch, acc, r, failures)
+            del batch
         for f in pending:
             f.cancel()
             failures.append(Failure(futures[f], r, "timeout",
@@ -275,6 +278,13 @@ class Server:
         return RoundRecord(r, None, None, 0.0, up, len(payload) * len(chosen), chosen,
                            int(metrics.get("updates", 0)), [asdict(f) for f in failures],
                            metrics)
+
+    def _publish_tree(self, chosen: list[str]) -> None:
+        """With the aggregator tree, write the round's desired shape as ``tree.json`` in the
+        checkpoint folder, where a controller reads it to resize aggregator units."""
+        tree = self.strategy.tree
+        if tree is not None and self.checkpoint is not None:
+            self.checkpoint.publish("tree.json", tree.shape_doc(chosen))
 
     def _secagg_round(self, r: int, chosen: list[str]) -> RoundRecord:
         """One SecAgg+ round: setup (train + advertise keys), share keys, masked input, unmask.

@@ -82,7 +82,7 @@ def make_safeguards(spec: AppSpec, *, simulated: bool = False) -> Safeguards:
 # per-round metrics the JSON carries when the app turns the feature on
 _ROUND_METRICS = ("epsilon", "dp_clip", "dp_clipped", "dp_noise_std", "local_epsilon",
                   "backdoor_success", "robust_selected", "secagg_survivors", "secagg_dropped",
-                  "secagg_aborted", "leaves")
+                  "secagg_aborted", "leaves", "leaf_mbps")
 
 
 def summary(spec: AppSpec, records: list[RoundRecord], clients: int,

@@ -38,6 +38,13 @@ import numpy as np
 from numba import njit
 
 from plinth.core.errors import PlinthError
+from plinth.fl.aggregate.accumulator import (
+    Accumulator,
+    UpdateRejected,
+    check_shapes,
+    template_of,
+    vet,
+)
 from plinth.fl.messages import NDArray, NDArrays
 
 DEFAULT_CHUNK_BYTES = 512 * 1024
@@ -45,28 +52,12 @@ BLOCK = 1024  # elements checked, then folded, while in L1
 MAX_UPDATES_LOG2 = 20  # the overflow bound below holds for up to 2^20 updates per sum
 
 
-class UpdateRejected(PlinthError):
-    """An update that must not be aggregated. The message says why; the round goes on."""
-
-
 def acc_dtype(dtype: np.dtype) -> np.dtype:
     """Accumulate float64 models in float64 and everything else in float32."""
     return np.dtype(np.float64) if np.dtype(dtype) == np.float64 else np.dtype(np.float32)
 
 
-def check_shapes(template: Sequence[tuple[tuple[int, ...], np.dtype]], arrays: NDArrays) -> None:
-    """Raise `UpdateRejected` unless `arrays` match the template's count, shapes and dtypes."""
-    if len(arrays) != len(template):
-        raise UpdateRejected(f"update has {len(arrays)} arrays, the model has {len(template)}")
-    for i, (a, (shape, dtype)) in enumerate(zip(arrays, template)):
-        if tuple(a.shape) != tuple(shape):
-            raise UpdateRejected(f"array {i}: shape {tuple(a.shape)}, expected {tuple(shape)}")
-        if a.dtype != dtype and \
-                np.dtype(a.dtype).newbyteorder("=") != np.dtype(dtype).newbyteorder("="):
-            raise UpdateRejected(f"array {i}: dtype {a.dtype}, expected {np.dtype(dtype)}")
-
-
-class StreamingAggregator:
+class StreamingAggregator(Accumulator):
     """A running weighted sum of updates shaped like `template`.
 
     `template` is a list of arrays (or of ``(shape, dtype)`` pairs) describing the model.
@@ -76,8 +67,7 @@ class StreamingAggregator:
 
     def __init__(self, template: Sequence[Any], *, threads: int = 1,
                  chunk_bytes: int = DEFAULT_CHUNK_BYTES, check_finite: bool = True) -> None:
-        self.template = [(tuple(t.shape), t.dtype) if hasattr(t, "shape") else
-                         (tuple(t[0]), np.dtype(t[1])) for t in template]
+        self.template = template_of(template)
         self.check_finite = check_finite
         self.threads = max(1, int(threads))
         sizes = [math.prod(s) for s, _ in self.template]
@@ -139,12 +129,6 @@ class StreamingAggregator:
                 x = x.astype(dst.dtype)
             _axpy(dst, x, dst.dtype.type(-weight))
 
-    def add(self, arrays: NDArrays, weight: float) -> None:
-        """Fold `weight * arrays` into the sum. Raises `UpdateRejected`; then nothing is added."""
-        rejected = self.add_many([(arrays, weight)])
-        if rejected:
-            raise UpdateRejected(rejected[0][1])
-
     def add_many(self, updates: Sequence[tuple[NDArrays, float]]) -> list[tuple[int, str]]:
         """Fold several updates (replies that arrived together) in one call.
 
@@ -153,20 +137,10 @@ class StreamingAggregator:
         """
         if self._mean is not None:
             raise PlinthError("aggregator: mean() was taken; reset() before adding again")
-        rejected: dict[int, str] = {}
-        good: list[int] = []
-        flats: list[list[NDArray]] = []
-        for j, (arrays, w) in enumerate(updates):
-            try:
-                if not (math.isfinite(w) and w > 0):
-                    raise UpdateRejected(f"weight {w!r} must be a finite number > 0")
-                check_shapes(self.template, arrays)
-            except UpdateRejected as e:
-                rejected[j] = str(e)
-                continue
-            good.append(j)
-            # views, not copies: decoded arrays are contiguous
-            flats.append([np.asarray(a).reshape(-1) for a in arrays])
+        good, refused = vet(self.template, updates)
+        rejected = dict(refused)
+        # views, not copies: decoded arrays are contiguous
+        flats = [[np.asarray(a).reshape(-1) for a in updates[j][0]] for j in good]
         weights = [float(updates[j][1]) for j in good]
         if flats:
             if self._pool is None:
@@ -205,14 +179,6 @@ class StreamingAggregator:
             done.append(p)
         self.total_weight += float(total_weight)
         self.count += int(count)
-
-    def name_updates(self, names: Sequence[str]) -> None:
-        """Names for the next updates (an accumulator that reports rejections late uses them;
-        this one rejects at once)."""
-
-    def settle(self) -> list[tuple[str, str]]:
-        """Rejections found after `add_many` returned, as (name, reason): none here."""
-        return []
 
     # -- results --------------------------------------------------------------------------------
 

@@ -9,7 +9,9 @@ process that owns the tree (the machine's middle aggregator) folds those partial
 machine goes up.
 
 The leaves persist across rounds and `scale` sets how many are active before a round: new leaf
-processes are started when the load rises, idle ones are retired when it falls. Each leaf talks
+processes are started when the load rises, idle ones are retired when it falls. With `listen`
+the tree starts no process at all: the runtime starts leaf units, which join with the task's
+token (`plinth.fl.aggregate.leaf.join`), and idle ones stay warm on standby. Each leaf talks
 to this process over its own pipe (no lock shared between leaves), so a leaf that dies breaks
 nothing else: its slots are reclaimed, a fresh leaf takes its place, and the updates it had been
 given this round (folded into a partial sum that is now gone) come back as rejections.
@@ -24,9 +26,9 @@ given this round (folded into a partial sum that is now gone) come back as rejec
 from __future__ import annotations
 
 import logging
-import math
 import multiprocessing as mp
-import os
+import queue
+import threading
 import time
 import weakref
 from dataclasses import dataclass, field
@@ -36,25 +38,13 @@ from typing import Any
 import numpy as np
 
 from plinth.core.errors import PlinthError
-from plinth.fl import serde
-from plinth.fl.messages import FitRes, NDArrays
+from plinth.fl.aggregate.accumulator import Template, template_of
+from plinth.fl.aggregate.leaf import Ref, copy_into, layout, parse_address, run_leaf, views
+from plinth.fl.messages import NDArrays
 
 log = logging.getLogger("plinth.fl.aggregate")
 
-_ALIGN = 64
-
-
-@dataclass(slots=True)
-class Ref:
-    """A handle on an update in shared memory: all that crosses between aggregators."""
-
-    name: str
-    size: int
-    weight: float
-    count: int = 1
-    tag: str = ""
-    slot: int = -1  # a reusable slot of the tree's pool, or -1 for a one-off block
-    raw: bool = False  # arrays back to back in the template's layout, not an encoded FitRes
+STARTUP_S = 120.0  # a leaf not ready after this long (and stall_timeout) is stuck
 
 
 @dataclass(slots=True)
@@ -63,30 +53,14 @@ class TreeResult:
     total_weight: float
     count: int
     rejected: list[tuple[str, str]] = field(default_factory=list)
+    # per leaf that reported: bytes it folded and seconds it spent folding (its throughput)
+    folded_bytes: list[int] = field(default_factory=list)
+    busy_s: list[float] = field(default_factory=list)
 
     def mean(self) -> NDArrays | None:
         if self.count == 0:
             return None
         return [s / self.total_weight for s in self.sums]
-
-
-Layout = list[tuple[int, tuple[int, ...], str]]  # (offset, shape, dtype) per array
-
-
-def layout(template: list[tuple[Any, Any]]) -> tuple[Layout, int]:
-    """Offsets of the template's arrays packed back to back (64-byte aligned), and the total."""
-    out, off = [], 0
-    for shape, dtype in template:
-        dt = np.dtype(dtype)
-        out.append((off, tuple(shape), dt.str))
-        off += -(-math.prod(shape) * dt.itemsize // _ALIGN) * _ALIGN
-    return out, off
-
-
-def views(buf: memoryview, lay: Layout) -> NDArrays:
-    """Zero-copy arrays over `buf` in layout `lay`."""
-    return [np.frombuffer(buf, dtype=dt, count=math.prod(shape), offset=off).reshape(shape)
-            for off, shape, dt in lay]
 
 
 def put(buf: bytes | bytearray | memoryview) -> shared_memory.SharedMemory:
@@ -106,113 +80,74 @@ def _unlink(name: str) -> None:
     shm.unlink()
 
 
-def _fold_block(agg: Any, buf: memoryview, ref: Ref, lay: Layout) -> str | None:
-    """Fold the update in `buf`; returns why it was rejected, or None. Every view into `buf`
-    dies with this frame, so the block can be closed afterwards."""
-    from plinth.fl.aggregate.engine import UpdateRejected
-
-    try:
-        if ref.raw:
-            agg.add(views(buf, lay), ref.weight)
-        else:
-            agg.add(serde.decode(buf[: ref.size], expect=FitRes).update, ref.weight)
-    except (UpdateRejected, serde.SerdeError) as e:
-        return str(e)
-    except Exception as e:  # noqa: BLE001 - a bad update must not kill the aggregator
-        return f"{type(e).__name__}: {e}"
-    return None
-
-
-def _copy_into(dst: NDArrays, src: NDArrays) -> None:
-    for d, x in zip(dst, src):
-        np.copyto(d, x, casting="no")
-
-
-def _leaf(conn: Any, template: list[tuple[list[int], str]], partial: str, threads: int,
-          core: int | None) -> None:
-    """One leaf aggregator process: fold refs until "finish", then write the partial sum into
-    its block and report it; slots are handed back as soon as they are folded."""
-    from plinth.fl.aggregate.engine import StreamingAggregator, acc_dtype
-
-    if core is not None and hasattr(os, "sched_setaffinity"):
-        try:  # locality: this leaf's folds stay on one core (and its cache)
-            os.sched_setaffinity(0, {core})
-        except OSError:
-            pass
-    tmpl = [(tuple(s), np.dtype(d)) for s, d in template]
-    lay = layout(tmpl)[0]
-    agg = StreamingAggregator(tmpl, threads=threads)
-    out = shared_memory.SharedMemory(name=partial)
-    out_views = views(out.buf, layout([(s, acc_dtype(d)) for s, d in tmpl])[0])
-    rejected: list[tuple[str, str]] = []
-    mapped: dict[str, shared_memory.SharedMemory] = {}
-    try:
-        while True:
-            try:
-                msg = conn.recv()
-            except EOFError:  # the tree's owner is gone
-                break
-            if isinstance(msg, Ref):
-                if msg.slot >= 0:  # a pool slot: map it once, keep it mapped
-                    shm = mapped.get(msg.name)
-                    if shm is None:
-                        shm = mapped[msg.name] = shared_memory.SharedMemory(name=msg.name)
-                    why = _fold_block(agg, shm.buf, msg, lay)
-                else:  # a one-off block: this leaf unlinks it
-                    shm = shared_memory.SharedMemory(name=msg.name)
-                    try:
-                        why = _fold_block(agg, shm.buf, msg, lay)
-                    finally:
-                        shm.close()
-                        shm.unlink()
-                conn.send(("free", msg.slot))
-                if why is not None:
-                    rejected.append((msg.tag, why))
-            elif msg[0] == "finish":
-                _copy_into(out_views, agg.sums())
-                conn.send(("partial", agg.total_weight, agg.count, rejected))
-                agg.reset()
-                rejected = []
-            elif msg[0] == "drop":  # slots the pool no longer has
-                for name in msg[1]:
-                    shm = mapped.pop(name, None)
-                    if shm is not None:
-                        shm.close()
-            elif msg[0] == "stop":
-                break
-    finally:
-        del out_views
-        for shm in mapped.values():
-            shm.close()
-        out.close()
-        agg.close()
-
-
 class _Leaf:
-    """This process's side of one leaf: its process, pipe, partial-sum block and round state."""
+    """This process's side of one leaf: its pipe, partial-sum block and round state, and its
+    process when this tree spawned it (an external leaf has only its connection)."""
 
-    def __init__(self, ctx: Any, template: list, partial_bytes: int, threads: int,
-                 core: int | None) -> None:
-        self.partial = shared_memory.SharedMemory(create=True, size=max(1, partial_bytes))
-        self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_leaf, args=(child, template, self.partial.name, threads,
-                                                    core), daemon=True)
-        self.proc.start()
-        child.close()  # so that the leaf sees EOF if this process dies
+    def __init__(self, conn: Any, partial: shared_memory.SharedMemory, pid: int,
+                 proc: Any = None) -> None:
+        self.conn, self.partial, self.pid, self.proc = conn, partial, pid, proc
         self.held: set[int] = set()  # pool slots it has not handed back
         self.oneoffs: set[str] = set()  # one-off blocks not yet folded (it unlinks them)
         self.tags: list[str] = []  # updates given to it this round
+        self.ready = False  # it has loaded the kernels and folds from now on
+        self.idle = 0  # rounds spent on standby
+        self.started = time.monotonic()
+
+    def idle_alive(self) -> bool:
+        """Whether a leaf outside the round is still there (it sends only "ready" unasked)."""
+        try:
+            while self.conn.poll(0):
+                if self.conn.recv()[0] == "ready":
+                    self.ready = True
+        except (EOFError, OSError):
+            return False
+        return True
+
+    @classmethod
+    def spawn(cls, ctx: Any, template: Template, partial_bytes: int, threads: int) -> _Leaf:
+        partial = shared_memory.SharedMemory(create=True, size=max(1, partial_bytes))
+        conn, child = ctx.Pipe()
+        proc = ctx.Process(target=run_leaf, args=(child, template, partial.name, threads),
+                           daemon=True)
+        proc.start()
+        child.close()  # so that the leaf sees EOF if this process dies
+        return cls(conn, partial, proc.pid, proc)
+
+    @classmethod
+    def adopt(cls, conn: Any, pid: int, template: Template, partial_bytes: int) -> _Leaf:
+        """A leaf the runtime started, joined with the task's token: give it the model."""
+        partial = shared_memory.SharedMemory(create=True, size=max(1, partial_bytes))
+        conn.send(("init", template, partial.name))
+        return cls(conn, partial, pid)
+
+    @property
+    def external(self) -> bool:
+        return self.proc is None
+
+    @property
+    def exitcode(self) -> Any:
+        return "its connection closed" if self.proc is None else \
+            f"exit code {self.proc.exitcode}"
+
+    def kill(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.join(5)
+        else:  # not ours to kill: cut it off; the runtime sees its unit end
+            self.conn.close()
 
     def release(self, wait: float) -> None:
-        """Stop (politely, then by force), and free its partial block."""
+        """Stop (politely, then by force, if it is ours), and free its partial block."""
         try:
             self.conn.send(("stop",))
         except OSError:
             pass
-        self.proc.join(wait)
-        if self.proc.is_alive():
-            self.proc.terminate()
-            self.proc.join(5)
+        if self.proc is not None:
+            self.proc.join(wait)
+            if self.proc.is_alive():
+                self.proc.terminate()
+                self.proc.join(5)
         self.conn.close()
         self.partial.close()
         try:
@@ -224,10 +159,53 @@ class _Leaf:
         self.oneoffs.clear()
 
 
-def _shutdown(leaves: list[_Leaf], slots: list[shared_memory.SharedMemory]) -> None:
-    for leaf in leaves:
+class _Registry:
+    """The aggregator address external leaves join (a thread accepts; the tree adopts)."""
+
+    def __init__(self, address: str, token: bytes) -> None:
+        self.listener = connection.Listener(parse_address(address), authkey=token)
+        addr = self.listener.address
+        self.address = f"{addr[0]}:{addr[1]}" if isinstance(addr, tuple) else str(addr)
+        self.joined: queue.Queue[tuple[Any, int]] = queue.Queue()
+        self.refused = 0  # joins with a wrong token
+        self._thread = threading.Thread(target=self._accept, daemon=True,
+                                        name="fl-leaf-registry")
+        self._thread.start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn = self.listener.accept()  # the HMAC challenge runs here
+            except (connection.AuthenticationError, EOFError, ConnectionError) as e:
+                self.refused += 1
+                log.warning("aggregator registry: a leaf was refused (%s)", e)
+                continue
+            except OSError:  # the listener was closed
+                return
+            try:
+                if not conn.poll(10):
+                    raise EOFError("no hello within 10s")
+                kind, pid = conn.recv()
+                if kind != "hello":
+                    raise EOFError(f"expected hello, got {kind!r}")
+            except (EOFError, OSError, ValueError, TypeError) as e:
+                log.warning("aggregator registry: a leaf did not introduce itself (%s)", e)
+                conn.close()
+                continue
+            self.joined.put((conn, int(pid)))
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+def _shutdown(leaves: list[_Leaf], slots: list[shared_memory.SharedMemory],
+              registry: list[_Registry], standby: list[_Leaf]) -> None:
+    for reg in registry:
+        reg.close()
+    for leaf in [*leaves, *standby]:
         leaf.release(10)
     leaves.clear()
+    standby.clear()
     for shm in slots:
         shm.close()
         shm.unlink()
@@ -237,36 +215,50 @@ def _shutdown(leaves: list[_Leaf], slots: list[shared_memory.SharedMemory]) -> N
 class Hierarchy:
     """`leaves` leaf aggregator processes feeding this process, which folds their partial sums.
 
-    `slots` fixes the size of the shared-memory pool (default: two per active leaf plus two);
-    `pin` pins leaf i to the i-th CPU this process may use, where the OS allows it. A leaf that
+    `slots` fixes the size of the shared-memory pool (default: two per active leaf plus two).
+    The leaves are not pinned to cores: the runtime gives the aggregator its CPUs. A leaf that
     hands back no slot, or no partial sum, for `stall_timeout` seconds is stuck (alive but not
     folding): it is killed and replaced like a leaf that died.
+
+    With `listen` (and the task's `token`) the tree starts no process: it uses the leaves that
+    join at that address (`leaf.join`), started by the runtime. `scale` then activates up to
+    that many of the joined leaves (waiting `join_timeout` only when none is active) and keeps
+    the others warm on standby; a leaf that dies is replaced by a standby one if there is one.
     """
 
     def __init__(self, template: NDArrays | list, *, leaves: int = 4, threads: int = 1,
-                 slots: int | None = None, pin: bool = True, stall_timeout: float = 60.0
-                 ) -> None:
-        self._ctx = mp.get_context("spawn")
-        self.template = [(list(t.shape), np.dtype(t.dtype).str) if hasattr(t, "shape")
-                         else (list(t[0]), np.dtype(t[1]).str) for t in template]
+                 slots: int | None = None, stall_timeout: float = 60.0,
+                 listen: str | None = None, token: bytes | None = None,
+                 join_timeout: float = 60.0, keep_warm: int = 1) -> None:
         from plinth.fl.aggregate.engine import acc_dtype
 
+        if listen is not None and not token:
+            raise PlinthError("hierarchy: external leaves need the task's token")
+
+        self._ctx = mp.get_context("spawn")
+        self.template = template_of(template)
         self._layout, self._raw_bytes = layout(self.template)
         self._partial_layout, self._partial_bytes = layout(
-            [(s, acc_dtype(np.dtype(d))) for s, d in self.template])
-        self.threads, self._fixed_slots, self.pin = threads, slots, pin
+            [(s, acc_dtype(d)) for s, d in self.template])
+        self.threads, self._fixed_slots = threads, slots
         self.stall_timeout = stall_timeout
-        self._cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
-            else list(range(os.cpu_count() or 1))
         self._leaves: list[_Leaf] = []
         self._slots: list[shared_memory.SharedMemory] = []
         self._free: list[int] = []
         self._slot_bytes = 0
         self._lost: list[tuple[str, str]] = []  # updates lost with a dead leaf, this round
         self._in_round = False
-        self.replaced = 0  # leaves that died and were replaced
-        self._finalizer = weakref.finalize(self, _shutdown, self._leaves, self._slots)
-        self.scale(leaves)
+        self.replaced = 0  # leaves that died (replaced where one was at hand)
+        self.join_timeout, self.keep_warm = join_timeout, keep_warm
+        self._standby: list[_Leaf] = []  # warm leaves outside this round (reused first)
+        self._registry = [] if listen is None else [_Registry(listen, token or b"")]
+        self._finalizer = weakref.finalize(self, _shutdown, self._leaves, self._slots,
+                                           self._registry, self._standby)
+        try:
+            self.scale(leaves)
+        except PlinthError:
+            self.close()
+            raise
 
     # -- elasticity -----------------------------------------------------------------------------
 
@@ -281,17 +273,65 @@ class Hierarchy:
 
     @property
     def pids(self) -> list[int]:
-        return [leaf.proc.pid for leaf in self._leaves]
+        return [leaf.pid for leaf in self._leaves]
+
+    @property
+    def address(self) -> str | None:
+        """Where external leaves join (None: this tree spawns its own)."""
+        return self._registry[0].address if self._registry else None
+
+    @property
+    def standby(self) -> list[int]:
+        """Pids of joined external leaves kept warm outside the round."""
+        return [leaf.pid for leaf in self._standby]
 
     def blocks(self) -> list[str]:
         """Names of the shared-memory blocks the tree holds now (slots, partial sums)."""
-        return [s.name for s in self._slots] + [leaf.partial.name for leaf in self._leaves]
+        return [s.name for s in self._slots] + \
+            [leaf.partial.name for leaf in [*self._leaves, *self._standby]]
 
-    def _core(self, i: int) -> int | None:
-        return self._cores[i % len(self._cores)] if self.pin else None
+    @property
+    def update_bytes(self) -> int:
+        """Bytes of one update in the template's layout (what a leaf folds per update)."""
+        return self._raw_bytes
 
-    def _spawn(self, i: int) -> _Leaf:
-        return _Leaf(self._ctx, self.template, self._partial_bytes, self.threads, self._core(i))
+    def _spawn(self, wait: bool) -> _Leaf | None:
+        """A new active leaf: spawned here, or a joined external one (a standby leaf first;
+        with `wait`, up to `join_timeout` for one to join). None if no external one came."""
+        if not self._registry:
+            while self._standby:  # a warm one first: no process start, no kernel load
+                leaf = self._standby.pop(0)
+                if leaf.idle_alive():
+                    return leaf
+                leaf.release(0)
+            return _Leaf.spawn(self._ctx, self.template, self._partial_bytes, self.threads)
+        reg = self._registry[0]
+        deadline = time.monotonic() + (self.join_timeout if wait else 0.0)
+        while True:
+            while True:  # adopt what joined since
+                try:
+                    conn, pid = reg.joined.get_nowait()
+                except queue.Empty:
+                    break
+                try:
+                    self._standby.append(_Leaf.adopt(conn, pid, self.template,
+                                                     self._partial_bytes))
+                except OSError:
+                    conn.close()
+            while self._standby:
+                leaf = self._standby.pop(0)
+                if not leaf.idle_alive():
+                    log.warning("aggregator leaf (pid %d) left while on standby", leaf.pid)
+                    leaf.release(0)
+                    continue
+                return leaf
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            try:
+                reg.joined.put(reg.joined.get(timeout=left))
+            except queue.Empty:
+                return None
 
     def scale(self, leaves: int) -> int:
         """Set the number of active leaves (between rounds): start new leaf processes or retire
@@ -301,14 +341,29 @@ class Hierarchy:
         if self._in_round:
             raise PlinthError("hierarchy: scale() between rounds only (finish() first)")
         while len(self._leaves) < leaves:
-            self._leaves.append(self._spawn(len(self._leaves)))
+            leaf = self._spawn(wait=not self._leaves)
+            if leaf is None:
+                break
+            self._leaves.append(leaf)
+        if not self._leaves:
+            raise PlinthError(f"hierarchy: no aggregator leaf joined {self.address} within "
+                              f"{self.join_timeout:g}s")
         while len(self._leaves) > leaves:
-            self._leaves.pop().release(10)
+            leaf = self._leaves.pop()
+            leaf.idle = 0
+            self._standby.insert(0, leaf)
+        for leaf in [x for x in self._standby if not x.external]:
+            # a leaf of ours idle for more than keep_warm rounds is stopped; an external one is
+            # the controller's to stop (tree.json says how many the round wants)
+            leaf.idle += 1
+            if leaf.idle > self.keep_warm:
+                self._standby.remove(leaf)
+                leaf.release(10)
         want = self._fixed_slots if self._fixed_slots is not None else 2 * leaves + 2
         if self._slots and len(self._slots) > want:  # every slot is free between rounds
             drop = self._slots[want:]
             del self._slots[want:]
-            for leaf in self._leaves:
+            for leaf in [*self._leaves, *self._standby]:
                 self._send(leaf, ("drop", [s.name for s in drop]))
             for shm in drop:
                 shm.close()
@@ -317,6 +372,17 @@ class Hierarchy:
         elif self._slots and len(self._slots) < want:
             self._grow(want)
         return len(self._leaves)
+
+    def wait_ready(self, timeout: float) -> bool:
+        """Block until every active leaf has loaded its kernels (or `timeout`); whether they
+        all did. Between rounds only: a bench's warm-up, a test that stops a folding leaf."""
+        deadline = time.monotonic() + timeout
+        while not all(leaf.ready for leaf in self._leaves):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            self._poll(min(left, 0.5))
+        return True
 
     def _grow(self, want: int) -> None:
         while len(self._slots) < want:
@@ -336,7 +402,7 @@ class Hierarchy:
         """Land one update (arrays already checked against the template's shapes and dtypes)
         straight into a slot, in the template's layout: the one copy, no encoding."""
         def write(buf: memoryview) -> None:
-            _copy_into(views(buf, self._layout), arrays)
+            copy_into(views(buf, self._layout), arrays)
         self._land(self._raw_bytes, write, float(weight), tag, raw=True)
 
     def _land(self, size: int, write: Any, weight: float, tag: str, raw: bool) -> None:
@@ -347,6 +413,12 @@ class Hierarchy:
             self._grow(self._fixed_slots if self._fixed_slots is not None
                        else 2 * len(self._leaves) + 2)
         while True:
+            if not self._leaves:  # every external leaf died: wait for one to (re)join
+                leaf = self._spawn(wait=True)
+                if leaf is None:
+                    raise PlinthError(f"hierarchy: no aggregator leaf left and none joined "
+                                      f"{self.address} within {self.join_timeout:g}s")
+                self._leaves.append(leaf)
             leaf = min(self._leaves, key=lambda x: (len(x.held) + len(x.oneoffs), len(x.tags)))
             if size <= self._slot_bytes and self._slots:
                 slot = self._take_slot()
@@ -381,16 +453,22 @@ class Hierarchy:
         while not self._free:
             left = deadline - time.monotonic()
             if left <= 0:
-                for leaf in [x for x in self._leaves if x.held]:
+                now = time.monotonic()
+                for leaf in [x for x in self._leaves if x.held and self._overdue(x, now)]:
                     self._stuck(leaf)
-                deadline = time.monotonic() + self.stall_timeout
+                deadline = now + self.stall_timeout
                 continue
             self._poll(timeout=left)
         return self._free.pop()
 
+    def _overdue(self, leaf: _Leaf, now: float) -> bool:
+        """Whether a silent leaf counts as stuck: a ready one after `stall_timeout`; one still
+        starting (loading numpy and the kernels, slow on a loaded machine) after `STARTUP_S`
+        as well, so a slow start is not taken for a stall."""
+        return leaf.ready or now - leaf.started > max(self.stall_timeout, STARTUP_S)
+
     def _stuck(self, leaf: _Leaf) -> None:
-        leaf.proc.kill()
-        leaf.proc.join(5)
+        leaf.kill()
         self._died(leaf, f"stopped folding for {self.stall_timeout:g}s and was killed")
 
     def _send(self, leaf: _Leaf, msg: Any) -> bool:
@@ -405,7 +483,7 @@ class Hierarchy:
         """Read what the leaves have sent (freed slots are taken here); returns the other
         messages. A leaf found dead is replaced."""
         conns = {leaf.conn: leaf for leaf in self._leaves}
-        sentinels = {leaf.proc.sentinel: leaf for leaf in self._leaves}
+        sentinels = {leaf.proc.sentinel: leaf for leaf in self._leaves if leaf.proc is not None}
         out = []
         for ready in connection.wait([*conns, *sentinels], timeout):
             leaf = conns.get(ready) or sentinels[ready]
@@ -418,28 +496,36 @@ class Hierarchy:
                         if msg[1] >= 0:
                             leaf.held.discard(msg[1])
                             self._free.append(msg[1])
+                    elif msg[0] == "ready":
+                        leaf.ready = True
                     else:
                         out.append((leaf, msg))
-                if ready is leaf.proc.sentinel:
+                if ready in sentinels:
                     raise EOFError
             except (EOFError, OSError):
                 self._died(leaf)
         return out
 
     def _died(self, leaf: _Leaf, how: str = "") -> None:
-        """Replace a dead (or stuck) leaf: its slots come back, its round's updates are lost."""
+        """Replace a dead (or stuck) leaf: its slots come back, its round's updates are lost
+        (failures of the round, which goes on). An external leaf is replaced by a standby one,
+        or not at all (the controller starts another)."""
         if leaf not in self._leaves:
             return
         i = self._leaves.index(leaf)
-        how = how or f"died (exit code {leaf.proc.exitcode})"
-        log.warning("aggregator leaf %d (pid %s) %s; %d updates of this round lost; starting a "
-                    "new one", i, leaf.proc.pid, how, len(leaf.tags))
+        how = how or f"died ({leaf.exitcode})"
+        log.warning("aggregator leaf %d (pid %s) %s; %d updates of this round lost",
+                    i, leaf.pid, how, len(leaf.tags))
         why = f"lost: aggregator leaf {i} {how} before its partial sum was taken"
         self._lost += [(t, why) for t in leaf.tags]
         self._free += sorted(leaf.held)
         leaf.held.clear()
         leaf.release(0)
-        self._leaves[i] = self._spawn(i)
+        spare = self._spawn(wait=False)
+        if spare is None:
+            del self._leaves[i]
+        else:
+            self._leaves[i] = spare
         self.replaced += 1
 
     def finish(self, timeout: float | None = None, into: Any = None) -> TreeResult:
@@ -449,24 +535,31 @@ class Hierarchy:
         come within `timeout` (default `stall_timeout`) is stuck: replaced, its updates lost."""
         from plinth.fl.aggregate.engine import StreamingAggregator
 
-        agg = into if into is not None else StreamingAggregator(
-            [(tuple(s), np.dtype(d)) for s, d in self.template])
+        agg = into if into is not None else StreamingAggregator(self.template)
         rejected: list[tuple[str, str]] = []
-        waiting = [leaf for leaf in self._leaves if self._send(leaf, ("finish",))]
+        folded: list[int] = []
+        busy: list[float] = []
+        # a copy: a leaf found dead while sending is taken out of (or replaced in) the list
+        waiting = [leaf for leaf in list(self._leaves) if self._send(leaf, ("finish",))]
         waiting = [leaf for leaf in waiting if leaf in self._leaves]
         deadline = time.monotonic() + (self.stall_timeout if timeout is None else timeout)
         while waiting:
             left = deadline - time.monotonic()
             if left <= 0:
-                for leaf in waiting:
+                now = time.monotonic()
+                for leaf in [x for x in waiting if self._overdue(x, now)]:
                     self._stuck(leaf)
-                break
+                waiting = [leaf for leaf in waiting if leaf in self._leaves]
+                deadline = now + self.stall_timeout
+                continue
             for leaf, msg in self._poll(left):
                 if msg[0] != "partial" or leaf not in waiting:
                     continue
                 waiting.remove(leaf)
-                _, weight, count, rej = msg
+                _, weight, count, rej, nbytes, secs = msg
                 rejected += rej
+                folded.append(int(nbytes))
+                busy.append(float(secs))
                 if count:
                     agg.add_sum(views(leaf.partial.buf, self._partial_layout), weight, count)
             waiting = [leaf for leaf in waiting if leaf in self._leaves]  # the dead ones: lost
@@ -476,10 +569,10 @@ class Hierarchy:
             leaf.tags = []
         self._in_round = False
         if into is not None:
-            return TreeResult(agg.sums(), agg.total_weight, agg.count, rejected)
+            return TreeResult(agg.sums(), agg.total_weight, agg.count, rejected, folded, busy)
         try:
             return TreeResult([np.array(s, copy=True) for s in agg.sums()], agg.total_weight,
-                              agg.count, rejected)
+                              agg.count, rejected, folded, busy)
         finally:
             agg.close()
 

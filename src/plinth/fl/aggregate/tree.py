@@ -1,127 +1,120 @@
 """The server's accumulator backed by the elastic LIFL tree (`server.aggregation.mode: tree`).
 
-`TreeAggregation` belongs to a strategy and lives for the whole task: its leaf processes persist
-across rounds. Before each round `begin(expected)` scales the active leaves to the expected load,
-``ceil(expected / updates_per_leaf)`` clamped to ``[1, max_leaves]`` (or a fixed `leaves`), and
-hands out a `TreeAccumulator` with the interface the strategies use (`add`, `add_many`, `count`,
-`total_weight`, `sums`, `mean`, `reset`, `close`).
+`TreeAggregation` belongs to a strategy and lives for the whole task: its leaf processes stay
+warm across rounds. Before each round `begin(expected)` sizes the tree with `size_tree` (a pure
+function of the expected updates, their size and the leaves' throughput, an EWMA of what they
+measured in earlier rounds), scales the active leaves to it, publishes the shape (`shape_doc`:
+the server writes it as ``tree.json`` in its checkpoint folder) and hands out a
+`TreeAccumulator`, which satisfies the `Accumulator` protocol.
 
-`add_many` checks shapes, dtypes and weights at once (those rejections return as usual), copies
-each good update into a shared-memory slot and moves on: the leaves fold while the server keeps
-receiving. NaN/Inf are found by the leaves, so those rejections, and the updates lost with a leaf
-that died, are known only when the round ends: `settle()` returns them as ``(client, reason)``,
-named by `name_updates` (the server names each batch before folding it). `count`, `sums` and
-`mean` settle first, so they always describe the updates actually folded.
+`add_many` runs the common boundary check (`vet`), copies each good update into a shared-memory
+slot and moves on: the leaves fold while the server keeps receiving. NaN/Inf are found by the
+leaves, so those rejections, and the updates lost with a leaf that died, are known only when the
+round ends: `settle()` returns them as ``(client, reason)``, named by `name_updates`. `count`,
+`sums` and `mean` settle first, so they always describe the updates actually folded.
 
-Strategies that vet updates one at a time (`accept` overridden), asynchronous strategies, and the
-safeguards (robust rules, DP, SecAgg, consent: they need every update or the server's own fold)
-refuse the tree at start-up; see `tree_problem`.
+What the tree cannot take is refused at start-up in one line by `tree_problem`.
 """
 
 from __future__ import annotations
 
 import logging
-import math
-import os
 from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
 from plinth.core.errors import PlinthError
-from plinth.fl.aggregate.engine import StreamingAggregator, UpdateRejected, check_shapes
+from plinth.fl.aggregate.accumulator import Accumulator, template_of, vet
+from plinth.fl.aggregate.engine import StreamingAggregator
 from plinth.fl.aggregate.hierarchy import Hierarchy
+from plinth.fl.aggregate.sizing import TreeShape, ewma, leaf_throughput, size_tree
 from plinth.fl.messages import NDArrays
 
 log = logging.getLogger("plinth.fl.aggregate")
 
 
-def cpu_count() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
-        else os.cpu_count() or 1
-
-
-def leaves_for(expected: int, *, leaves: Any = "auto", max_leaves: int | None = None,
-               updates_per_leaf: int = 8) -> int:
-    """Active leaves for a round of `expected` updates."""
-    cap = max_leaves or cpu_count()
-    if leaves != "auto":
-        return min(int(leaves), cap)
-    return max(1, min(cap, math.ceil(max(0, expected) / updates_per_leaf)))
+# what the tree cannot take, and why, in one line each
+_REFUSED = (
+    ("strategy.robust", lambda s: s.strategy.robust,
+     "a robust rule needs every update of the round at once; the leaves keep only sums"),
+    ("privacy.dp", lambda s: s.privacy.dp,
+     "central DP clips and counts each update in the server before noising the sum"),
+    ("privacy.secagg", lambda s: s.privacy.secagg,
+     "SecAgg+ sums masked vectors in a finite field through its own four stages"),
+)
 
 
 def tree_problem(spec: Any) -> str | None:
-    """Why an app cannot use `server.aggregation.mode: tree`, as 'field: why'; None if it can."""
+    """Why an app cannot use `server.aggregation.mode: tree`, as 'field: why'; None if it can.
+    Consent and local DP act outside the fold (selection, arrival, accounting), so they can."""
     from plinth.fl.strategies import STRATEGIES
     from plinth.fl.strategies.base import Strategy
 
-    agg = spec.server.aggregation
-    if agg.mode != "tree":
+    if spec.server.aggregation.mode != "tree":
         return None
     cls = STRATEGIES.get(spec.strategy.name)
-    if cls.asynchronous or cls.accept is not Strategy.accept:
-        return (f"server.aggregation.mode: tree needs a synchronous strategy that folds updates "
-                f"in batches, not {spec.strategy.name!r}")
-    for name, on in (("strategy.robust", spec.strategy.robust), ("privacy.dp", spec.privacy.dp),
-                     ("privacy.local_dp", spec.privacy.local_dp),
-                     ("privacy.secagg", spec.privacy.secagg), ("consent", spec.consent)):
-        if on is not None:
-            return (f"server.aggregation.mode: tree cannot be combined with {name} (the "
-                    f"safeguards fold every update in the server process); use mode: stream")
+    if cls.asynchronous:
+        return (f"server.aggregation.mode: tree folds whole rounds; {spec.strategy.name!r} is "
+                f"asynchronous (steps the model per buffered update); use mode: stream")
+    if cls.accept is not Strategy.accept:
+        return (f"server.aggregation.mode: tree folds batches in leaf processes; "
+                f"{spec.strategy.name!r} vets each update in the server; use mode: stream")
+    for name, on, why in _REFUSED:
+        if on(spec) is not None:
+            return f"server.aggregation.mode: tree cannot be combined with {name}: {why}; " \
+                   f"use mode: stream"
     return None
 
 
-class TreeAccumulator:
+class TreeAccumulator(Accumulator):
     """One round's running sum, folded by the tree's leaves (see the module's docstring)."""
 
-    def __init__(self, tree: Hierarchy, template: NDArrays, *, threads: int = 1) -> None:
-        self.tree = tree
-        self.template = [(tuple(t.shape), t.dtype) for t in template]
-        self._agg = StreamingAggregator(template, threads=threads)
+    def __init__(self, owner: TreeAggregation, template: NDArrays) -> None:
+        self.owner, self.tree = owner, owner.tree
+        self.template = template_of(template)
+        self._agg = StreamingAggregator(template, threads=owner.threads)
         self._names: deque[str] = deque()
         self._late: list[tuple[str, str]] = []
         self._open = False  # updates handed to the tree and not yet settled
         self._seq = 0
         self._taken = False  # mean() was taken
-        self.metrics: dict[str, float] = {"leaves": float(tree.leaves)}
-        self._replaced = tree.replaced
+        self.metrics: dict[str, float] = {"leaves": float(self.tree.leaves)}
+        self._replaced = self.tree.replaced
 
     def name_updates(self, names: Sequence[str]) -> None:
         """Names for the next updates passed to `add_many`, in order (for late rejections)."""
         self._names.extend(names)
-
-    def add(self, arrays: NDArrays, weight: float) -> None:
-        rejected = self.add_many([(arrays, weight)])
-        if rejected:
-            raise UpdateRejected(rejected[0][1])
 
     def add_many(self, updates: Sequence[tuple[NDArrays, float]]) -> list[tuple[int, str]]:
         """Hand updates to the tree; returns the ones rejected at once (shape, dtype, weight).
         NaN/Inf rejections come from `settle`."""
         if self._taken:
             raise PlinthError("aggregator: mean() was taken; reset() before adding again")
-        rejected = []
-        for j, (arrays, w) in enumerate(updates):
-            self._seq += 1
-            name = self._names.popleft() if self._names else f"update {self._seq}"
-            try:
-                if not (math.isfinite(w) and w > 0):
-                    raise UpdateRejected(f"weight {w!r} must be a finite number > 0")
-                check_shapes(self.template, arrays)
-            except UpdateRejected as e:
-                rejected.append((j, str(e)))
-                continue
+        names = [self._names.popleft() if self._names else f"update {self._seq + j + 1}"
+                 for j in range(len(updates))]
+        self._seq += len(updates)
+        good, rejected = vet(self.template, updates)
+        for k, j in enumerate(good):
             self._open = True
-            self.tree.submit_arrays(arrays, float(w), name)
-        return rejected
+            try:
+                self.tree.submit_arrays(updates[j][0], float(updates[j][1]), names[j])
+            except PlinthError as e:  # no leaf left to fold it: failures, not a crash
+                rejected += [(i, str(e)) for i in good[k:]]
+                break
+        return sorted(rejected)
 
     def settle(self) -> list[tuple[str, str]]:
-        """End the tree's round (once): fold the leaves' partial sums here. Returns the
-        rejections found since the last call, as (name, reason)."""
+        """End the tree's round (once): fold the leaves' partial sums here and feed their
+        measured throughput to the sizing. Returns the rejections found since the last call,
+        as (name, reason)."""
         if self._open:
             self._open = False
             res = self.tree.finish(into=self._agg)
             self._late += res.rejected
             self.metrics["leaf_replacements"] = float(self.tree.replaced - self._replaced)
+            tput = self.owner.measured(res.folded_bytes, res.busy_s)
+            if tput is not None:
+                self.metrics["leaf_mbps"] = tput / 1e6
         late, self._late = self._late, []
         return late
 
@@ -161,44 +154,80 @@ class TreeAccumulator:
 
 
 class TreeAggregation:
-    """A strategy's elastic tree: persistent leaf processes, scaled per round."""
+    """A strategy's elastic tree: warm leaf processes, sized per round by `size_tree`."""
 
-    def __init__(self, template: NDArrays, *, leaves: Any = "auto", max_leaves: int | None = None,
-                 updates_per_leaf: int = 8, threads: int = 1, pin: bool = True,
-                 leaf_timeout: float = 60.0) -> None:
-        self.leaves, self.max_leaves = leaves, max_leaves
-        self.updates_per_leaf, self.threads = updates_per_leaf, threads
-        self.tree = Hierarchy(template, leaves=leaves_for(1, leaves=leaves, max_leaves=max_leaves,
-                                                          updates_per_leaf=updates_per_leaf),
-                              pin=pin, stall_timeout=leaf_timeout)
-        self.shapes = [(tuple(t.shape), t.dtype) for t in template]
+    def __init__(self, template: NDArrays, *, leaves: Any = "auto", max_leaves: int = 4,
+                 updates_per_leaf: int = 8, fold_deadline: float = 1.0, threads: int = 1,
+                 leaf_timeout: float = 60.0, alpha: float = 0.5, listen: str | None = None,
+                 token: bytes | None = None, join_timeout: float = 60.0) -> None:
+        self.fixed = None if leaves == "auto" else int(leaves)
+        self.max_leaves, self.updates_per_leaf = max_leaves, updates_per_leaf
+        self.fold_deadline, self.threads, self.alpha = fold_deadline, threads, alpha
+        self.throughput: float | None = None  # bytes/s a leaf: EWMA over the rounds
+        self.shapes = template_of(template)
+        self.round = 0
+        self.shape = self._size(1)
+        self.tree = Hierarchy(template, leaves=self.shape.leaves, stall_timeout=leaf_timeout,
+                              listen=listen, token=token, join_timeout=join_timeout)
 
     @classmethod
     def from_spec(cls, spec: Any, template: NDArrays, threads: int = 1) -> TreeAggregation:
+        from pathlib import Path
+
+        token = None if spec.leaf_token_file is None else \
+            Path(spec.leaf_token_file).read_bytes().strip()
         return cls(template, leaves=spec.leaves, max_leaves=spec.max_leaves,
-                   updates_per_leaf=spec.updates_per_leaf, threads=threads,
-                   leaf_timeout=spec.leaf_timeout)
+                   updates_per_leaf=spec.updates_per_leaf, fold_deadline=spec.fold_deadline,
+                   threads=threads, leaf_timeout=spec.leaf_timeout, listen=spec.leaf_listen,
+                   token=token, join_timeout=spec.leaf_join_timeout)
 
     def fits(self, template: NDArrays) -> bool:
-        return [(tuple(t.shape), t.dtype) for t in template] == self.shapes
+        return template_of(template) == self.shapes
 
-    def begin(self, template: NDArrays, expected: int | None) -> TreeAccumulator:
-        n = leaves_for(expected if expected is not None else self.tree.leaves *
-                       self.updates_per_leaf, leaves=self.leaves, max_leaves=self.max_leaves,
-                       updates_per_leaf=self.updates_per_leaf)
+    def _size(self, expected: int) -> TreeShape:
+        from plinth.fl.aggregate.hierarchy import layout
+
+        return size_tree(expected_updates=expected, update_bytes=layout(self.shapes)[1],
+                         throughput_bps_per_leaf=self.throughput,
+                         round_deadline_s=self.fold_deadline, max_leaves=self.max_leaves,
+                         prior_updates_per_leaf=self.updates_per_leaf, fixed_leaves=self.fixed)
+
+    def measured(self, folded_bytes: list[int], busy_s: list[float]) -> float | None:
+        """Fold one round's measured leaf throughput into the EWMA; returns the round's."""
+        sample = leaf_throughput(folded_bytes, busy_s)
+        self.throughput = ewma(self.throughput, sample, alpha=self.alpha)
+        return sample
+
+    def begin(self, template: NDArrays, expected: int | None, round: int = 0
+              ) -> TreeAccumulator:
+        n = expected if expected is not None else self.tree.leaves * self.updates_per_leaf
+        self.shape, self.round = self._size(n), round
         if self.tree.in_round:  # a round that ended without settling (an error): drop it
             self.tree.finish()
-        if n != self.tree.leaves:
-            log.info("aggregator tree: %d -> %d leaves for %s expected updates",
-                     self.tree.leaves, n, expected)
-        self.tree.scale(n)
-        return TreeAccumulator(self.tree, template, threads=self.threads)
+        if self.shape.leaves != self.tree.leaves:
+            log.info("aggregator tree: %d -> %d leaves (%s)", self.tree.leaves,
+                     self.shape.leaves, self.shape.reason)
+        self.tree.scale(self.shape.leaves)
+        return TreeAccumulator(self, template)
+
+    def shape_doc(self, clients: Sequence[str] = ()) -> dict[str, Any]:
+        """The round's desired tree as data a controller reads to size aggregator units:
+        the shape, why, the measured throughput, and the planned clients of each leaf."""
+        sh, ids = self.shape, sorted(clients)
+        per = max(1, sh.updates_per_leaf)
+        plan = {f"leaf-{k}": ids[k * per:(k + 1) * per] for k in range(sh.leaves)}
+        return {"round": self.round, "leaves": sh.leaves, "middles": sh.middles,
+                "updates_per_leaf": sh.updates_per_leaf, "cpus_per_leaf": sh.cpus,
+                "reason": sh.reason, "leaf_throughput_bps": self.throughput,
+                "assignment": plan, "pids": self.tree.pids, "standby": self.tree.standby,
+                "listen": self.tree.address, "active": self.tree.leaves}
 
     def close(self) -> None:
         self.tree.close()
 
 
-def begin_tree(strategy: Any, spec: Any, expected: int | None) -> TreeAccumulator:
+def begin_tree(strategy: Any, spec: Any, expected: int | None, round: int = 0
+               ) -> TreeAccumulator:
     """`strategy.begin` with `server.aggregation.mode: tree`: the strategy's tree (started on
     first use, kept across rounds, restarted if the model's shapes change), scaled to
     `expected` updates."""
@@ -213,4 +242,4 @@ def begin_tree(strategy: Any, spec: Any, expected: int | None) -> TreeAccumulato
             tree.close()
         tree = strategy._tree = TreeAggregation.from_spec(spec, strategy.parameters,
                                                           threads=strategy.threads)
-    return tree.begin(strategy.parameters, expected)
+    return tree.begin(strategy.parameters, expected, round)

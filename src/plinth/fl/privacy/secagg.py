@@ -26,7 +26,6 @@ See docs/fl_privacy.md for what this does not protect against.
 
 from __future__ import annotations
 
-import enum
 import hashlib
 import logging
 import os
@@ -51,12 +50,15 @@ from plinth.fl.privacy.masking import (
 )
 from plinth.fl.privacy.secagg_messages import (
     CIPHERTEXT_LEN,
+    NEXT_STAGE,
     PLAIN_LEN,
+    ROUND_STAGES,
     AdvertiseKeys,
     ForwardedShares,
     KeyDirectory,
     MaskedInput,
     ShareKeys,
+    Stage,
     UnmaskRequest,
     UnmaskResponse,
 )
@@ -74,21 +76,9 @@ class SecAggAbort(RuntimeError):
     """The round cannot finish without risking a single client's input; nothing was revealed."""
 
 
-class Stage(enum.Enum):
-    ADVERTISE = "advertise_keys"
-    SHARE_KEYS = "share_keys"
-    MASKED_INPUT = "masked_input"
-    UNMASK = "unmasking"
-    DONE = "done"
-    ABORTED = "aborted"
-
-
 _TRANSITIONS = {
-    (Stage.ADVERTISE, Stage.SHARE_KEYS),
-    (Stage.SHARE_KEYS, Stage.MASKED_INPUT),
-    (Stage.MASKED_INPUT, Stage.UNMASK),
-    (Stage.UNMASK, Stage.DONE),
-    *((s, Stage.ABORTED) for s in Stage if s not in (Stage.DONE, Stage.ABORTED)),
+    *NEXT_STAGE.items(),
+    *((s, Stage.ABORTED) for s in ROUND_STAGES),
 }
 
 

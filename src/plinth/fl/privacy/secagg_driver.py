@@ -21,9 +21,7 @@ from plinth.fl.privacy.secagg import (
     SecAggResult,
     ServerSecAgg,
 )
-from plinth.fl.privacy.secagg_messages import wire_size
-
-STAGES = ("advertise", "share_keys", "masked_input", "unmask")
+from plinth.fl.privacy.secagg_messages import ROUND_STAGES, Stage, wire_size
 
 
 @dataclass(slots=True)
@@ -51,15 +49,16 @@ def run_secagg_round(
     random_bytes: Callable[[int], bytes] | None = None,
     tamper: Callable[[str, object], object] | None = None,
 ) -> RoundOutcome:
-    """One full round. ``drop[stage]`` clients go silent from that stage on (see STAGES).
+    """One full round. ``drop[stage]`` clients go silent from that stage on (see `Stage`).
 
     ``tamper(stage, message)`` may replace a client message before the server sees it (tests).
     Raises ``SecAggAbort`` when the server aborts.
     """
     drop = {k: set(v) for k, v in (drop or {}).items()}
-    unknown = set(drop) - set(STAGES)
+    unknown = set(drop) - set(ROUND_STAGES)
     if unknown:
-        raise ValueError(f"unknown drop stages {sorted(unknown)}; use {STAGES}")
+        raise ValueError(f"unknown drop stages {sorted(unknown)}; "
+                         f"use {[str(s) for s in ROUND_STAGES]}")
     kw = {} if random_bytes is None else {"random_bytes": random_bytes}
     server = ServerSecAgg(config)
     stats = RoundStats()
@@ -93,25 +92,25 @@ def run_secagg_round(
         t0 = time.perf_counter()
         clients[c] = ClientSecAgg(c, config, **kw)
         stats.client_seconds[c] = time.perf_counter() - t0
-    gone |= drop.get("advertise", set())
+    gone |= drop.get(Stage.ADVERTISE, set())
     for c in config.client_ids:
         if c not in gone:
-            deliver("advertise", timed_client(c, clients[c].advertise))
+            deliver(Stage.ADVERTISE, timed_client(c, clients[c].advertise))
     dirs = timed_server(server.close_advertise)
-    gone |= drop.get("share_keys", set())
+    gone |= drop.get(Stage.SHARE_KEYS, set())
     for c, msg in dirs.items():
         if c not in gone:
-            deliver("share_keys", timed_client(c, clients[c].share_keys, msg))
+            deliver(Stage.SHARE_KEYS, timed_client(c, clients[c].share_keys, msg))
     fwd = timed_server(server.close_share_keys)
-    gone |= drop.get("masked_input", set())
+    gone |= drop.get(Stage.MASKED_INPUT, set())
     for c, msg in fwd.items():
         if c not in gone:
-            deliver("masked_input", timed_client(c, clients[c].masked_input, msg, updates[c]))
+            deliver(Stage.MASKED_INPUT, timed_client(c, clients[c].masked_input, msg, updates[c]))
     reqs = timed_server(server.close_masked_input)
-    gone |= drop.get("unmask", set())
+    gone |= drop.get(Stage.UNMASK, set())
     for c, msg in reqs.items():
         if c not in gone:
-            deliver("unmask", timed_client(c, clients[c].unmask, msg))
+            deliver(Stage.UNMASK, timed_client(c, clients[c].unmask, msg))
     result = timed_server(server.close_unmask)
     total = dequantize(result.total, scale=config.scale)
     return RoundOutcome(result, total / len(result.survivors), total, stats, server)

@@ -7,11 +7,28 @@ encoding needs, which the benchmark reports.
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 
 import numpy as np
 
 from plinth.fl.privacy import shamir
+
+
+class Stage(enum.StrEnum):
+    """The one SecAgg+ stage vocabulary: the protocol's state, the wire's `stage` field
+    (`SecAggIns`/`SecAggRes`: a reply carries its request's stage), the driver's drop points."""
+
+    ADVERTISE = "advertise"  # on the wire: the setup (the model, the round's parameters)
+    SHARE_KEYS = "share_keys"
+    MASKED_INPUT = "masked_input"
+    UNMASK = "unmask"
+    DONE = "done"
+    ABORTED = "aborted"
+
+
+ROUND_STAGES = (Stage.ADVERTISE, Stage.SHARE_KEYS, Stage.MASKED_INPUT, Stage.UNMASK)
+NEXT_STAGE = dict(zip(ROUND_STAGES, (*ROUND_STAGES[1:], Stage.DONE)))
 
 PLAIN_LEN = 8 + 8 + 2 * shamir.SHARE_BYTES  # sender, recipient, seed share, key share
 CIPHERTEXT_LEN = PLAIN_LEN + 16  # + Poly1305 tag
@@ -110,9 +127,9 @@ class WireError(ValueError):
 
 
 STAGE_MESSAGES: dict[str, tuple[type, type]] = {  # stage -> (server -> client, client -> server)
-    "share_keys": (KeyDirectory, ShareKeys),
-    "masked_input": (ForwardedShares, MaskedInput),
-    "unmask": (UnmaskRequest, UnmaskResponse),
+    Stage.SHARE_KEYS: (KeyDirectory, ShareKeys),
+    Stage.MASKED_INPUT: (ForwardedShares, MaskedInput),
+    Stage.UNMASK: (UnmaskRequest, UnmaskResponse),
 }
 
 

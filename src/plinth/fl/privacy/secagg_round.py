@@ -45,8 +45,10 @@ from plinth.fl.privacy.secagg import (
     ServerSecAgg,
 )
 from plinth.fl.privacy.secagg_messages import (
+    NEXT_STAGE,
     STAGE_MESSAGES,
     AdvertiseKeys,
+    Stage,
     WireError,
     from_arrays,
     to_arrays,
@@ -54,11 +56,7 @@ from plinth.fl.privacy.secagg_messages import (
 
 log = logging.getLogger("plinth.fl.privacy.secagg_round")
 
-SETUP = "setup"
-# the stage a client's reply belongs to, per stage of the request it answers
-REPLY_STAGE = {SETUP: "advertise", "share_keys": "share_keys", "masked_input": "masked_input",
-               "unmask": "unmask"}
-_NEXT = {SETUP: "share_keys", "share_keys": "masked_input", "masked_input": "unmask"}
+SETUP = Stage.ADVERTISE  # the wire's first stage: the model, the parameters; keys come back
 _CONFIG_FIELDS = ("vector_len", "round_id", "clip", "scale", "full_graph", "degree",
                   "threshold_fraction", "graph_seed", "min_survivors")
 
@@ -167,10 +165,10 @@ class ClientRound:
                               f"vector_len={config.vector_len}")
         self.secagg = ClientSecAgg(index, config, random_bytes=random_bytes)
         self.vector = vector
-        self.next = "share_keys"
+        self.next: Stage = Stage.SHARE_KEYS
 
     def advertise(self) -> SecAggRes:
-        return self._res(REPLY_STAGE[SETUP], self.secagg.advertise())
+        return self._res(Stage.ADVERTISE, self.secagg.advertise())
 
     def answer(self, ins: SecAggIns) -> SecAggRes:
         """The reply to one stage message. A message for another round or out of turn (a replay)
@@ -183,14 +181,14 @@ class ClientRound:
             msg = from_arrays(STAGE_MESSAGES[ins.stage][0], ins.meta, list(ins.arrays))
         except WireError as e:
             raise self._refuse(str(e)) from None
-        if ins.stage == "share_keys":
+        if ins.stage == Stage.SHARE_KEYS:
             out = self.secagg.share_keys(msg)  # type: ignore[arg-type]
-        elif ins.stage == "masked_input":
+        elif ins.stage == Stage.MASKED_INPUT:
             out = self.secagg.masked_input(msg, self.vector)  # type: ignore[arg-type]
             self.vector = np.empty(0)  # the plaintext is no longer needed
         else:
             out = self.secagg.unmask(msg)  # type: ignore[arg-type]
-        self.next = _NEXT.get(ins.stage, "done")
+        self.next = NEXT_STAGE[self.next]
         return self._res(ins.stage, out)
 
     def _refuse(self, why: str) -> SecAggError:
@@ -216,7 +214,7 @@ class ServerRound:
         self.cids = sorted(cids)
         self.index = {c: i for i, c in enumerate(self.cids)}
         self.secagg = ServerSecAgg(config)
-        self.stage = SETUP  # the stage whose replies are awaited
+        self.stage: Stage = SETUP  # the stage whose replies are awaited
         self.result: SecAggResult | None = None
         self.alive = set(self.cids)  # clients whose every reply so far was accepted
         self._accepted: set[str] = set()
@@ -236,7 +234,7 @@ class ServerRound:
             return self._rejected(cid, str(e))
         if isinstance(res, ErrorRes):
             return "error", res.message
-        want = REPLY_STAGE[self.stage]
+        want = self.stage
         if res.round != self.config.round_id or res.stage != want:
             return self._rejected(cid, f"{res.stage} reply for round {res.round}, expected "
                                        f"{want} of round {self.config.round_id} "
@@ -267,15 +265,15 @@ class ServerRound:
         self._accepted = set()
         if self.stage == SETUP:
             out: dict[int, Any] = s.close_advertise()
-        elif self.stage == "share_keys":
+        elif self.stage == Stage.SHARE_KEYS:
             out = s.close_share_keys()
-        elif self.stage == "masked_input":
+        elif self.stage == Stage.MASKED_INPUT:
             out = s.close_masked_input()
         else:
             self.result = s.close_unmask()
-            self.stage = "done"
+            self.stage = Stage.DONE
             return {}
-        self.stage = _NEXT[self.stage]
+        self.stage = NEXT_STAGE[self.stage]
         reqs = {}
         for i, msg in out.items():
             meta, arrays = to_arrays(msg)

@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
-from plinth.fl.aggregate.engine import StreamingAggregator, UpdateRejected
+from plinth.fl.aggregate.accumulator import Accumulator, UpdateRejected
 from plinth.fl.messages import Config, EvaluateRes, Failure, Metrics, NDArrays
 
 
@@ -53,14 +53,21 @@ class Strategy:
         return {}
 
     def begin(self, round: int, expected: int | None = None,
-              aggregation: Any = None) -> StreamingAggregator:
+              aggregation: Any = None) -> Accumulator:
         """The round's accumulator. With `aggregation` (the app's server.aggregation) in mode
         tree, the strategy's elastic LIFL tree, scaled to `expected` updates."""
         if aggregation is not None and aggregation.mode == "tree":
             from plinth.fl.aggregate.tree import begin_tree
 
-            return begin_tree(self, aggregation, expected)  # type: ignore[return-value]
+            return begin_tree(self, aggregation, expected, round)
+        from plinth.fl.aggregate.engine import StreamingAggregator
+
         return StreamingAggregator(self.parameters, threads=self.threads)
+
+    @property
+    def tree(self) -> Any:
+        """The elastic aggregator tree (`TreeAggregation`) once a tree round ran, else None."""
+        return self._tree
 
     def close(self) -> None:
         """Stop what the strategy started for the task (the aggregator tree's processes)."""
@@ -71,14 +78,14 @@ class Strategy:
     def weight(self, num_examples: int, staleness: int) -> float:
         return float(num_examples)
 
-    def accept(self, acc: StreamingAggregator, delta: NDArrays, num_examples: int,
+    def accept(self, acc: Accumulator, delta: NDArrays, num_examples: int,
                staleness: int = 0) -> float:
         """Fold one update; raises `UpdateRejected` (nothing folded) for a bad one."""
         w = self.weight(num_examples, staleness)
         acc.add(delta, w)
         return w
 
-    def accept_many(self, acc: StreamingAggregator,
+    def accept_many(self, acc: Accumulator,
                     items: list[tuple[NDArrays, int, int]]) -> list[tuple[int, str]]:
         """Fold several (delta, num_examples, staleness) in one sweep; returns the rejected
         ``(index, reason)``; the others are folded."""
@@ -92,11 +99,11 @@ class Strategy:
             return out
         return acc.add_many([(d, self.weight(n, s)) for d, n, s in items])
 
-    def ready(self, acc: StreamingAggregator) -> bool:
+    def ready(self, acc: Accumulator) -> bool:
         """Async only: whether enough updates are buffered to step the model."""
         return acc.count >= 1
 
-    def aggregate_fit(self, round: int, acc: StreamingAggregator,
+    def aggregate_fit(self, round: int, acc: Accumulator,
                       failures: list[Failure]) -> tuple[NDArrays, Metrics]:
         """The next global model from the folded updates. With none, the model stays."""
         metrics: Metrics = {"updates": float(acc.count), "failures": float(len(failures))}
@@ -106,7 +113,7 @@ class Strategy:
         # the accumulator's own: leaves that ran, the robust rule's, DP's, SecAgg's
         return self.parameters, {**metrics, **acc.metrics}
 
-    def apply(self, acc: StreamingAggregator) -> None:
+    def apply(self, acc: Accumulator) -> None:
         """Move `self.parameters` by the folded updates (FedAvg: by their mean)."""
         mean = acc.mean()
         assert mean is not None

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from plinth.fl.aggregate.engine import StreamingAggregator
+from plinth.fl.aggregate.accumulator import Accumulator
 from plinth.fl.strategies.base import Options, Strategy, _axpy_into
 
 
@@ -30,9 +30,9 @@ class FedAsync(Strategy):
         o = self.opts
         return o.alpha * (1.0 + staleness) ** (-o.staleness_exponent)  # type: ignore[attr-defined]
 
-    def ready(self, acc: StreamingAggregator) -> bool:
+    def ready(self, acc: Accumulator) -> bool:
         return acc.count >= 1
 
-    def apply(self, acc: StreamingAggregator) -> None:
+    def apply(self, acc: Accumulator) -> None:
         for p, s in zip(self.parameters, acc.sums()):
             _axpy_into(p, s, self.opts.server_lr)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 from pydantic import Field
 
-from plinth.fl.aggregate.engine import StreamingAggregator
+from plinth.fl.aggregate.accumulator import Accumulator
 from plinth.fl.messages import NDArrays
 from plinth.fl.strategies.base import Options, Strategy, _axpy_into
 
@@ -24,7 +24,7 @@ class FedAvgM(Strategy):
         super().initialize(parameters)
         self.velocity: NDArrays = [np.zeros(p.shape, np.float64) for p in self.parameters]
 
-    def apply(self, acc: StreamingAggregator) -> None:
+    def apply(self, acc: Accumulator) -> None:
         mean = acc.mean()
         assert mean is not None
         beta, lr = self.opts.momentum, self.opts.server_lr  # type: ignore[attr-defined]

@@ -11,7 +11,7 @@ import math
 
 from pydantic import Field
 
-from plinth.fl.aggregate.engine import StreamingAggregator, UpdateRejected
+from plinth.fl.aggregate.accumulator import Accumulator, UpdateRejected
 from plinth.fl.messages import NDArrays
 from plinth.fl.strategies.base import Options, Strategy, _axpy_into
 
@@ -31,17 +31,17 @@ class FedBuff(Strategy):
     def weight(self, num_examples: int, staleness: int) -> float:
         return 1.0 / math.sqrt(1.0 + staleness)
 
-    def accept(self, acc: StreamingAggregator, delta: NDArrays, num_examples: int,
+    def accept(self, acc: Accumulator, delta: NDArrays, num_examples: int,
                staleness: int = 0) -> float:
         cap = self.opts.max_staleness  # type: ignore[attr-defined]
         if cap is not None and staleness > cap:
             raise UpdateRejected(f"staleness {staleness} exceeds max_staleness {cap}")
         return super().accept(acc, delta, num_examples, staleness)
 
-    def ready(self, acc: StreamingAggregator) -> bool:
+    def ready(self, acc: Accumulator) -> bool:
         return acc.count >= self.opts.buffer_size  # type: ignore[attr-defined]
 
-    def apply(self, acc: StreamingAggregator) -> None:
+    def apply(self, acc: Accumulator) -> None:
         scale = self.opts.server_lr / acc.count
         for p, s in zip(self.parameters, acc.sums()):
             _axpy_into(p, s, scale)

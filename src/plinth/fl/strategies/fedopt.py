@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 from pydantic import Field
 
-from plinth.fl.aggregate.engine import StreamingAggregator
+from plinth.fl.aggregate.accumulator import Accumulator
 from plinth.fl.messages import NDArrays
 from plinth.fl.strategies.base import Options, Strategy, _axpy_into
 
@@ -38,7 +38,7 @@ class _FedOpt(Strategy):
     def second_moment(self, v: np.ndarray, d2: np.ndarray) -> None:
         raise NotImplementedError
 
-    def apply(self, acc: StreamingAggregator) -> None:
+    def apply(self, acc: Accumulator) -> None:
         mean = acc.mean()
         assert mean is not None
         o = self.opts

@@ -11,6 +11,11 @@ never becomes one huge gRPC message. Clients dial out to the server (so they may
 - ``Consent`` (unary)        a client grants, revokes or lists its own consent; the id is the
                              one its token proves, never one it claims (needs tokens).
 
+At most `max_bodies` pushed replies are held whole at once (being received, or received and
+not yet dropped by the server once folded): a push past that waits, and gRPC's flow control
+holds its client back. A push that breaks off mid-stream resolves its task as lost at once, and
+nothing of it reaches the server.
+
 TLS uses the server's certificate and key; clients pin a CA. Per-client tokens come from a file of
 ``client_id token`` lines; a client proves its id with ``authorization: Bearer <token>``.
 """
@@ -24,6 +29,7 @@ import logging
 import queue
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -134,6 +140,12 @@ class _Peer:
     last_seen: float = 0.0
 
 
+class _Body(bytearray):
+    """A pushed reply; when the server drops it (and every view of it), its place is free."""
+
+    __slots__ = ("__weakref__",)
+
+
 class GrpcTransport:
     """The server end. `submit` queues a task for one client; its future gets the reply bytes."""
 
@@ -141,7 +153,8 @@ class GrpcTransport:
                  cert: bytes | None = None, key: bytes | None = None,
                  chunk_size: int = 1 << 20, workers: int = 32,
                  liveness: float = 4 * POLL_SECONDS,
-                 consent: Callable[[str, dict[str, Any]], dict[str, Any]] | None = None) -> None:
+                 consent: Callable[[str, dict[str, Any]], dict[str, Any]] | None = None,
+                 max_bodies: int = 8, body_wait: float = 600.0) -> None:
         host, port = parse_address(address, "--address", any_port=True)
         self.tokens, self.chunk_size, self.liveness = tokens, chunk_size, liveness
         # consent(authenticated client id, request) -> reply; ValueError: a refused request
@@ -152,6 +165,10 @@ class GrpcTransport:
         self._lock = threading.Condition()
         self._closing = False
         self._told: set[str] = set()
+        self._room = threading.BoundedSemaphore(max(1, max_bodies))
+        self.body_wait = body_wait
+        self.bodies = 0  # whole replies held now ...
+        self.peak_bodies = 0  # ... and at most, so far
         self._server = grpc.server(ThreadPoolExecutor(workers),
                                    options=message_options(chunk_size))
         handlers = {
@@ -270,14 +287,36 @@ class GrpcTransport:
             context.abort(grpc.StatusCode.NOT_FOUND, f"Push: no open task {task_id} for {cid!r}")
         if not 0 <= total <= MAX_MESSAGE:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"Push: bad size {total}")
+        if not self._room.acquire(timeout=self.body_wait):
+            self._resolve(task_id, error=f"no room for the reply within {self.body_wait:g}s")
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "Push: the server is full")
+        self._held(+1)
+        body = None
         try:
-            body = serde.join(frames, total)
-        except serde.SerdeError as e:
-            self._resolve(task_id, error=str(e))
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+            body = _Body(total)
+            serde.join_into(frames, body)
+        except Exception as e:  # a corrupt or broken-off stream (any error): a lost task
+            body = None  # the partial upload is dropped here, never handed to the server
+            self._held(-1)
+            self._room.release()
+            why = str(e) if isinstance(e, serde.SerdeError) else \
+                f"upload broke off ({type(e).__name__})"
+            self._resolve(task_id, error=why)
+            if isinstance(e, serde.SerdeError):
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, why)
             raise
+        weakref.finalize(body, self._freed)
         self._resolve(task_id, body=body)
         return b"{}"
+
+    def _held(self, n: int) -> None:
+        with self._lock:
+            self.bodies += n
+            self.peak_bodies = max(self.peak_bodies, self.bodies)
+
+    def _freed(self) -> None:
+        self._held(-1)
+        self._room.release()
 
     def _resolve(self, task_id: int, *, body: bytearray | None = None, error: str = "") -> None:
         with self._lock:

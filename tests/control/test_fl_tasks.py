@@ -1,0 +1,110 @@
+"""FL tasks as platform workloads, on loopback: an FL app submitted with `plinth submit` runs its
+server as a job of the task; remote client processes join over gRPC with their tokens; the
+control plane is killed (-9) and the server process is killed mid-task; the task resumes from
+its last round checkpoint and finishes with every round recorded."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import yaml
+from plinth_platform import Platform
+from plinth_platform import run_cli as cli
+
+APPS = Path(__file__).parents[1] / "fl" / "apps"
+ROUNDS = 40
+
+
+def app(tmp_path: Path, **extra) -> Path:
+    doc = yaml.safe_load((APPS / "tiny.yaml").read_text())
+    doc |= {"kind": "FLTask", "name": "digits-fl", "code": str(APPS / "tiny.py"),
+            "resources": {"cpus": 0.5, "memory": "2Gi"}}
+    doc["data"]["clients"] = 2
+    doc["server"] |= {"rounds": ROUNDS, "min_clients": 2, "min_available": 2}
+    doc["transport"] = {"tokens": "tokens.txt"}
+    doc |= extra
+    p = tmp_path / "app.yaml"
+    p.write_text(yaml.safe_dump(doc))
+    subprocess.run([sys.executable, "-m", "plinth.cli.main", "fl", "tokens",
+                    str(tmp_path / "tokens.txt"), "--clients", "2"], check=True,
+                   capture_output=True)
+    return p
+
+
+def server_procs(home: Path) -> list[psutil.Process]:
+    return [p for p in psutil.process_iter(["cmdline", "environ"])
+            if "server" in (p.info.get("cmdline") or []) and "fl" in (p.info.get("cmdline") or [])
+            and (p.info.get("environ") or {}).get("PLINTH_CHECKPOINT_DIR", "").startswith(
+                str(home))]
+
+
+def test_an_fl_task_survives_its_control_plane_and_server_being_killed(tmp_path, wait_for):
+    spec = app(tmp_path)
+    p = Platform(tmp_path / "home").start()
+    clients: list[subprocess.Popen] = []
+    try:
+        out = cli(p, "submit", str(spec))
+        assert out.returncode == 0 and "Submitted FLTask digits-fl" in out.stdout, out.stderr
+        c = p.client()
+        task = c.workload("digits-fl")
+        address = task["status"]["address"]
+        tokens = (tmp_path / "tokens.txt").read_text().split("\n")
+        for i in range(2):
+            token = tokens[i].split()[1]
+            clients.append(subprocess.Popen(
+                [sys.executable, "-m", "plinth.cli.main", "fl", "client", str(spec), "--server",
+                 address, "--cid", str(i), "--token", token],
+                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                env={**os.environ, "OMP_NUM_THREADS": "1"}))
+        wait_for(lambda: c.workload("digits-fl")["status"].get("round", 0) >= 2, 180,
+                 "two rounds")
+        # kill -9 of the control plane: the server job goes on, and is re-adopted.
+        p.stop(signal.SIGKILL)
+        p.start()
+        c = p.client()
+        (unit,) = c.workload("digits-fl")["units"]
+        assert "re-adopted" in [e["kind"] for e in c.job(unit["job_id"])["events"]]
+        # kill -9 of the server: it is lost and started again, resuming from its last round.
+        at = c.workload("digits-fl")["status"]["round"]
+        victims = server_procs(p.home)  # the server (and, as root, the setpriv that runs it)
+        assert victims
+        for proc in victims:
+            proc.kill()
+        wait_for(lambda: c.job(unit["job_id"])["attempt"] > unit["attempt"], 60,
+                 "the server to start again")
+        wait_for(lambda: c.workload("digits-fl")["state"] != "active", 300, "the task to end")
+        done = c.workload("digits-fl")
+        assert done["state"] == "succeeded", done
+        rounds = [r for r, _ in done["status"]["accuracy"]]
+        assert rounds == list(range(1, ROUNDS + 1)), rounds  # each round once, none redone
+        assert done["status"]["accuracy"][-1][1] > 0.5 and at < ROUNDS
+        show = cli(p, "show", "digits-fl")
+        assert f"round {ROUNDS} of {ROUNDS}" in show.stdout and "accuracy per round" in show.stdout
+        for proc in clients:
+            proc.wait(120)
+    finally:
+        for proc in clients:
+            if proc.poll() is None:
+                proc.kill()
+        p.stop()
+        p.kill_jobs()
+
+
+def test_an_fl_task_without_client_tokens_is_refused(tmp_path, shared_platform) -> None:
+    spec = app(tmp_path)
+    doc = yaml.safe_load(spec.read_text())
+    doc.pop("transport")
+    spec.write_text(yaml.safe_dump(doc))
+    out = cli(shared_platform, "submit", str(spec))
+    assert out.returncode != 0
+    assert "transport.tokens: an FLTask's server is reachable on the network" in out.stderr
+    doc["transport"] = {"tokens": "missing.txt"}
+    spec.write_text(yaml.safe_dump(doc))
+    out = cli(shared_platform, "submit", str(spec))
+    assert "transport.tokens: no such file" in out.stderr
+    assert all(w["name"] != "digits-fl" for w in shared_platform.client().workloads(all=True))

@@ -1,0 +1,117 @@
+"""The gRPC data plane under attack and under load: a client that sends half its upload and
+drops leaves nothing folded, and the transport holds a bounded number of whole replies."""
+
+import contextlib
+import gc
+import json
+import threading
+
+import grpc
+import numpy as np
+
+from plinth.fl import serde
+from plinth.fl.app import ServerSpec
+from plinth.fl.client import ClientRunner
+from plinth.fl.messages import FitIns, FitRes
+from plinth.fl.server import Server
+from plinth.fl.strategies import make_strategy
+from plinth.fl.transport.grpc import SERVICE, GrpcClient, GrpcTransport
+
+X0 = [np.zeros((64, 64), np.float32), np.zeros(10, np.float32)]
+
+
+class Plus:
+    """An honest client: its delta is +1 everywhere."""
+
+    def fit(self, params, config):
+        return [p + 1 for p in params], 5, {}
+
+    def evaluate(self, params, config):
+        return 0.0, 5, {}
+
+
+class _Dropped(Exception):
+    pass
+
+
+def _half_then_drop(addr, cid, sent):
+    """A real gRPC client that pulls its task, uploads half of a poisoned reply and drops."""
+    c = GrpcClient(addr, client_id=cid, properties={"num_examples": 5}, chunk_size=1024)
+    c.join()
+    req = json.dumps({"client_id": cid}).encode()
+    while True:
+        frames = iter(c._pull(req, wait_for_ready=True, timeout=30))
+        head = json.loads(next(frames))
+        if "task" in head:
+            break
+    ins = serde.decode(serde.join(frames, int(head["total"])), expect=FitIns)
+    reply = serde.encode(FitRes(ins.round, [p + 1000 for p in ins.parameters], 5, {}))
+    parts = list(serde.chunks(reply, 1024))
+    header = json.dumps({"task": head["task"], "total": len(reply), "client_id": cid}).encode()
+
+    def upload():
+        yield header
+        yield from parts[:len(parts) // 2]
+        sent.set()
+        raise _Dropped  # the client goes away mid-stream
+
+    with contextlib.suppress(grpc.RpcError, _Dropped):  # the call dies with our own drop
+        c.channel.stream_unary(f"/{SERVICE}/Push")(upload(), timeout=30)
+    c.channel.close()
+
+
+def _serve(addr, cid):
+    GrpcClient(addr, client_id=cid, properties={"num_examples": 5}, chunk_size=1024).serve(
+        ClientRunner(Plus()).handle)
+
+
+def _server(transport, n):
+    cfg = ServerSpec(rounds=1, fraction=1.0, min_clients=n, min_available=n,
+                     straggler_timeout=60.0, wait_timeout=60.0)
+    s = Server(make_strategy("fedavg"), transport, cfg, seed=0,
+               evaluate=lambda p: (0.0, {"accuracy": 0.5}))
+    s.initialize(X0)
+    return s
+
+
+def test_a_client_that_drops_mid_upload_leaves_no_partial_update_folded():
+    transport = GrpcTransport("127.0.0.1:0", chunk_size=1024)
+    addr = f"127.0.0.1:{transport.port}"
+    sent = threading.Event()
+    threads = [threading.Thread(target=_serve, args=(addr, f"h{i}"), daemon=True)
+               for i in range(3)]
+    threads.append(threading.Thread(target=_half_then_drop, args=(addr, "mallory", sent),
+                                    daemon=True))
+    for t in threads:
+        t.start()
+    server = _server(transport, 4)
+    try:
+        rec = server.fit_round(1)
+    finally:
+        transport.close()
+    assert sent.is_set()
+    assert rec.updates == 3 and [f["cid"] for f in rec.failures] == ["mallory"]
+    why = rec.failures[0]["reason"]
+    assert rec.failures[0]["kind"] == "lost" and ("of the announced" in why or "broke off" in why)
+    for p in server.strategy.parameters:  # exactly the honest mean: nothing of mallory's
+        np.testing.assert_array_equal(p, np.ones_like(p))
+    gc.collect()
+    assert transport.bodies == 0
+
+
+def test_the_transport_holds_at_most_max_bodies_whole_replies():
+    """Eight clients upload at once into a transport with room for two: every update
+    arrives and is folded, and no more than two replies were ever held whole."""
+    transport = GrpcTransport("127.0.0.1:0", chunk_size=1024, max_bodies=2)
+    addr = f"127.0.0.1:{transport.port}"
+    for i in range(8):
+        threading.Thread(target=_serve, args=(addr, f"c{i}"), daemon=True).start()
+    server = _server(transport, 8)
+    try:
+        recs = [server.fit_round(r) for r in (1, 2)]
+    finally:
+        transport.close()
+    assert [r.updates for r in recs] == [8, 8] and all(not r.failures for r in recs)
+    assert 1 <= transport.peak_bodies <= 2
+    for p in server.strategy.parameters:
+        np.testing.assert_array_equal(p, np.full_like(p, 2))
