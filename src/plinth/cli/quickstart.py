@@ -8,6 +8,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Annotated
@@ -17,7 +18,7 @@ from rich.live import Live
 
 from rich.console import Group
 
-from plinth.cli.platform import console, jobs_table, nodes_table, services_table
+from plinth.cli.platform import console, fl_table, jobs_table, nodes_table, services_table
 from plinth.client import Client
 from plinth.sched.lifecycle import State
 from plinth.core.errors import PlinthError
@@ -26,6 +27,7 @@ from plinth.serve.loadgen import ClosedLoop
 
 EXAMPLES = ("train.yaml", "gang.yaml", "fraction.yaml")
 SERVICE = Path("examples/serve/service.yaml")
+FL_TASK = Path("examples/fl/task.yaml")
 IMAGE = '{"inputs": [[[' + ",".join(["[" + ",".join(["0.5"] * 28) + "]"] * 28) + "]]]}"
 
 
@@ -119,16 +121,20 @@ def quickstart(
                 if time.monotonic() > deadline:
                     raise PlinthError(f"service {w['name']} not serving after {timeout:g} s")
                 time.sleep(0.2)
+            task, fl_clients = submit_fl_task(c, home)
+            console.print(f"plinth submit {FL_TASK}  ->  FLTask {task['name']}, clients "
+                          f"connect to {task['status']['address']}", highlight=False)
             load = ClosedLoop(w["status"]["url"], IMAGE, clients=4).start()
             try:
                 with Live(console=console, auto_refresh=False) as live:
                     while True:
                         jobs = [c.job(j) for j in ids]
-                        svc = c.workload(w["name"])
+                        svc, fl = c.workload(w["name"]), c.workload(task["name"])
                         served = f"requests answered: {load.codes}"
-                        live.update(Group(jobs_table(jobs), "", services_table([svc]), served),
-                                    refresh=True)
-                        if all(State(j["state"]).terminal for j in jobs):
+                        live.update(Group(jobs_table(jobs), "", services_table([svc]), served,
+                                          "", fl_table([fl])), refresh=True)
+                        if all(State(j["state"]).terminal for j in jobs) and \
+                                fl["state"] != "active":
                             break
                         if time.monotonic() > deadline:
                             raise PlinthError(f"examples still running after {timeout:g} s")
@@ -143,6 +149,13 @@ def quickstart(
                           f"{svc['status']['desired']} replicas at the end"
                           + (f"; failed: {lost}" if lost else ""), highlight=False)
             failed |= ok == 0 or bool(lost)
+            for t in fl_clients:
+                t.join(60)
+            acc = (fl["status"].get("accuracy") or [[0, None]])[-1]
+            console.print(f"[bold]FL task {fl['name']}[/]: {fl['state']} after round "
+                          f"{fl['status'].get('round', 0)}, accuracy {acc[1]}",
+                          highlight=False)
+            failed |= fl["state"] != "succeeded"
             console.print()
             console.print(nodes_table(c.nodes()))
             for j in jobs:
@@ -157,4 +170,28 @@ def quickstart(
                   f"{home / 'logs'}", highlight=False)
     if failed:
         raise typer.Exit(1)
+
+
+def submit_fl_task(c: Client, home: Path) -> tuple[dict, list[threading.Thread]]:
+    """Submit the example FL task with a fresh tokens file, and play its data owners: each
+    client joins the task's server over gRPC with its own token (on threads of this process,
+    as remote parties would from their own machines)."""
+    from plinth.core.spec import load_spec
+    from plinth.fl.deploy import run_client
+    from plinth.fl.transport.certs import write_tokens
+
+    spec = load_spec(FL_TASK)
+    n = spec.data.clients
+    tokens = write_tokens(home / "fl-tokens.txt", [str(i) for i in range(n)]).resolve()
+    spec = spec.model_copy(update={"transport": spec.transport.model_copy(
+        update={"tokens": str(tokens)})})
+    task = c.submit_workload(spec, base=FL_TASK.parent)
+    lines = [line.split() for line in tokens.read_text().splitlines()]
+    threads = [threading.Thread(target=run_client, args=(str(FL_TASK),), daemon=True,
+                                kwargs={"server": task["status"]["address"], "cid": int(cid),
+                                        "clients": n, "token": token})
+               for cid, token in lines]
+    for t in threads:
+        t.start()
+    return task, threads
 

@@ -302,8 +302,11 @@ class RouterServer:
 
     def __init__(self, router: Router, host: str, port: int) -> None:
         self.router, self.host, self.port = router, host, port
+        # Keep-alive longer than a client's pool keeps idle connections, so that the router
+        # does not close one just as a client sends on it (the client would see a reset).
         self._server = uvicorn.Server(uvicorn.Config(router.app, host=host, port=port,
-                                                     log_level="warning", lifespan="on"))
+                                                     log_level="warning", lifespan="on",
+                                                     timeout_keep_alive=75))
         self._thread = threading.Thread(target=self._server.run, name="plinth-router",
                                         daemon=True)
         self._loop: asyncio.AbstractEventLoop | None = None
