@@ -116,3 +116,18 @@ def test_job_model_rejects_slo_below_service_time() -> None:
         JobModel(np.ones((2, 3)), np.array([0.1, 0.5]), np.array([0.7, 0.4]))
     with pytest.raises(SpecError, match="lam"):
         JobModel(np.full((1, 3), np.nan), np.array([0.1]), np.array([0.7]))
+
+
+def test_cold_start_aware_model_discounts_only_added_replicas() -> None:
+    lam = np.full((2, 7), 10.0)
+    kw = {"service_s": np.full(2, 0.18), "slo_s": np.full(2, 0.72)}
+    plain = JobModel(lam, **kw)
+    aware = JobModel(lam, **kw, c_now=np.array([1.0, 3.0]), ramp=35.0 / 60.0)
+    c = np.array([3.0, 3.0])  # job 0 adds two replicas, job 1 keeps its three
+    u_plain, u_aware = plain.utilities(c), aware.utilities(c)
+    assert u_aware[0] < u_plain[0]  # its first minute runs mostly on one replica
+    assert u_aware[1] == u_plain[1]
+    # Stacked candidates and subsets see the same discount.
+    both = aware.utilities(np.concatenate([c, c]))
+    np.testing.assert_allclose(both, np.concatenate([u_aware, u_aware]))
+    np.testing.assert_allclose(aware.subset(np.array([0])).utilities(c[:1]), u_aware[:1])

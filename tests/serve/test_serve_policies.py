@@ -54,8 +54,56 @@ def test_ray_serve_waits_30s_up_and_600s_down() -> None:
     assert downs[first].replicas.tolist() == [1, 1, 1]
 
 
-def test_oneshot_scales_up_at_once_and_down_after_the_window() -> None:
+def test_oneshot_scales_by_latency_ratio_after_30s_over_and_600s_under() -> None:
     p = make_policy("oneshot")
+    state = p.initial_state(N)
+    over = [snap(k, replicas=(3, 2, 2), p99=(1.44, 0.1, 0.1), arrivals=(50, 50, 50))
+            for k in range(1, 4)]
+    ds = []
+    for s in over:
+        d, state = p.decide(s, state)
+        ds.append(d)
+    # Mean latency (here the p99: the snapshot reports no mean) at 2 × SLO for 3 ticks: × 2.
+    assert ds[0] is None and ds[1] is None
+    assert ds[2].replicas.tolist() == [6, 2, 2] and "1 up" in ds[2].reason
+    # 60 ticks at a quarter of the SLO: replicas fall to ceil(r / 4), not one at a time.
+    state = p.initial_state(N)
+    seen = []
+    for k in range(1, 61):
+        d, state = p.decide(snap(k, replicas=(8, 4, 4), p99=(0.18, 0.18, 0.18),
+                                 arrivals=(50, 50, 50)), state)
+        seen.append(d)
+    assert all(d is None for d in seen[:59])
+    assert seen[59].replicas.tolist() == [2, 1, 1]
+    # A job whose replicas are still starting gets no new action.
+    state = p.initial_state(N)
+    for k in range(1, 4):
+        s = snap(k, replicas=(4, 2, 2), p99=(1.44, 0.1, 0.1), arrivals=(50, 50, 50))
+        s = Snapshot(s.now, s.jobs, s.slo_s, s.service_s, s.quota, s.replicas,
+                     np.array([2, 2, 2]), s.history, s.window_s, s.window_arrivals,
+                     s.window_p99_s, s.ongoing)
+        d, state = p.decide(s, state)
+    assert d is None
+
+
+def test_mean_latency_look_back_weights_windows_by_arrivals() -> None:
+    p = make_policy("oneshot")
+    state = p.initial_state(N)
+    counts = []
+    for k, (mean, n) in enumerate([(2.0, 10), (0.1, 90), (0.1, 0), (0.1, 0)], 1):
+        s = snap(k, replicas=(2, 2, 2), arrivals=(n, n, n))
+        s = Snapshot(s.now, s.jobs, s.slo_s, s.service_s, s.quota, s.replicas, s.ready,
+                     s.history, s.window_s, s.window_arrivals, s.window_p99_s, s.ongoing,
+                     np.full(N, mean))
+        _, state = p.decide(s, state)
+        counts.append(int(state.count[0]))
+    # 2.0 s > SLO: a tick over. Then (2.0·10 + 0.1·90) / 100 = 0.29 s: under, twice (the empty
+    # window adds nothing); then the 2.0 s window has left the 30 s look-back: 0.1 s.
+    assert counts == [1, -1, -2, -3]
+
+
+def test_hpa_scales_up_at_once_and_down_after_the_window() -> None:
+    p = make_policy("hpa")
     # 100 req in 10 s of 0.18 s work = 1.8 busy replicas; / 0.7 → 3 replicas.
     (d,) = run(p, [snap(1, arrivals=(100, 0, 0))])
     assert d.replicas.tolist() == [3, 1, 1]
@@ -77,13 +125,32 @@ def test_aiad_adds_on_violation_and_removes_after_calm() -> None:
     assert ds[0] is None and ds[1] is None and ds[2].replicas.tolist() == [2, 2, 1]
 
 
-def test_mark_plans_every_five_minutes_from_the_forecast() -> None:
+def test_mark_plans_at_one_minute_then_every_five_from_the_forecast() -> None:
     p = make_policy("mark")
-    ds = run(p, [snap(k, minutes=20, per_minute=(1200, 60, 600)) for k in range(1, 40)])
+    ds = run(p, [snap(k, minutes=20, per_minute=(1100, 60, 600)) for k in range(1, 40)])
     plans = [i for i, d in enumerate(ds) if d is not None]
-    assert plans == [0, 30]
-    # 20 req/s × 0.18 s / 0.8 → 5; 1 req/s → 1; 10 req/s → 3.
-    assert ds[0].replicas.tolist() == [5, 1, 3]
+    assert plans == [5, 29]  # now = 60 s and 300 s
+    # λ · p / SLO at the 0.6 forecast quantile (a little above the flat history):
+    # 18.6 req/s × 0.18 / 0.72 → 5; 1.1 req/s → 1; 10.2 req/s → 3.
+    assert ds[5].replicas.tolist() == [5, 1, 3]
+
+
+def test_mark_adds_one_after_three_ticks_over_and_grants_in_job_order() -> None:
+    p = make_policy("mark", look_back_s=10.0)  # one window, so each tick is over or under
+    state = p.initial_state(N)
+    _, state = p.decide(snap(6, minutes=1, per_minute=(60, 60, 60)), state)  # the first plan
+    out = []
+    for k, hot in zip(range(7, 12), (True, False, True, False, True), strict=True):
+        d, state = p.decide(snap(k, replicas=(1, 1, 1), p99=(1.0 if hot else 0.1, 0.1, 0.1),
+                                 arrivals=(50, 50, 50), minutes=1, per_minute=(60, 60, 60)),
+                            state)
+        out.append(d)
+    # Ticks under the SLO do not reset the count: the third tick over adds one.
+    assert all(d is None for d in out[:4]) and out[4].replicas.tolist() == [2, 1, 1]
+    # Wishes beyond the quota: the first jobs in order get theirs, the last is left short.
+    d, _ = p.decide(snap(30, replicas=(1, 1, 1), quota=8, minutes=20,
+                         per_minute=(1100, 1100, 1100)), p.initial_state(N))
+    assert d.replicas.tolist() == [5, 2, 1]
 
 
 def test_fair_share_once() -> None:
@@ -173,3 +240,13 @@ def test_fit_quota_within_bounds(current, data) -> None:
     assert got.sum() <= max(quota, int(np.minimum(cur, np.maximum(desired, 1)).sum()))
     assert np.all(got <= np.maximum(np.array(desired), 1) + 0)  # never more than asked
     assert fair_share(n, quota).sum() == quota
+
+
+def test_aiad_faro_waits_30s_up_and_600s_down_on_the_mean() -> None:
+    p = make_policy("aiad-faro")
+    ds = run(p, [snap(k, replicas=(2, 2, 2), p99=(1.0, 0.5, 0.5), arrivals=(50, 50, 50))
+                 for k in range(1, 4)])
+    assert ds[0] is None and ds[1] is None and ds[2].replicas.tolist() == [3, 2, 2]
+    ds = run(p, [snap(k, replicas=(2, 2, 2), p99=(0.5, 0.5, 0.5), arrivals=(50, 50, 50))
+                 for k in range(1, 61)])
+    assert all(d is None for d in ds[:59]) and ds[59].replicas.tolist() == [1, 1, 1]

@@ -98,6 +98,7 @@ class Window:
     ok: int = 0  # answered 200 in the window
     within_slo: int = 0  # of those, within the SLO given to take_window
     service_ms: float | None = None  # the mean of its replicas' measured times
+    mean_s: float = 0.0  # mean latency of the requests answered in the window
 
 
 class Join(BaseModel):
@@ -276,7 +277,8 @@ class Router:
             times = [r.service_ms for r in s.replicas.values() if r.service_ms]
             out[name] = Window(s.window_arrivals, p99, s.queued + s.inflight, s.ready(),
                                len(lat), sum(1 for x in lat if x <= slo),
-                               sum(times) / len(times) if times else None)
+                               sum(times) / len(times) if times else None,
+                               float(np.mean(lat)) if lat else 0.0)
             s.window_arrivals, s.window_latencies = 0, []
         return out
 

@@ -24,6 +24,9 @@ class Snapshot:
     window_arrivals: np.ndarray  # requests that arrived in the window
     window_p99_s: np.ndarray  # p99 latency of those requests (0 when there were none)
     ongoing: np.ndarray  # requests in the system now (queued + in service)
+    # Mean latency of the window's requests (a dropped one counts as 10 × SLO); None where the
+    # runtime does not report it, and policies that use it fall back to the p99.
+    window_mean_s: np.ndarray | None = None
 
     @property
     def n(self) -> int:

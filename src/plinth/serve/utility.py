@@ -58,6 +58,9 @@ class JobModel:
     """What the solver knows of each job. Arrays have one row per job.
 
     lam: forecast arrival rate (req/s) for each minute of the horizon, shape (n, H).
+    c_now, ramp: cold-start-aware planning (off unless both are given). Replicas added beyond
+    c_now serve only for the last (1 − ramp) of the first minute (ramp = cold start / 60 s), so
+    a plan that leans on new replicas pays for their start.
     """
 
     lam: np.ndarray
@@ -65,6 +68,8 @@ class JobModel:
     slo_s: np.ndarray
     alpha: float = 1.0
     drop: bool = False
+    c_now: np.ndarray | None = None
+    ramp: float = 0.0
 
     def __post_init__(self) -> None:
         if self.lam.ndim != 2 or self.lam.shape[0] != self.service_s.shape[0]:
@@ -82,7 +87,9 @@ class JobModel:
         return int(self.service_s.shape[0])
 
     def subset(self, idx: np.ndarray) -> JobModel:
-        return JobModel(self.lam[idx], self.service_s[idx], self.slo_s[idx], self.alpha, self.drop)
+        c_now = None if self.c_now is None else self.c_now[idx]
+        return JobModel(self.lam[idx], self.service_s[idx], self.slo_s[idx], self.alpha, self.drop,
+                        c_now, self.ramp)
 
     def utilities(self, c: np.ndarray, idx: np.ndarray | None = None) -> np.ndarray:
         """u_j(c_j) for each job (or the jobs in idx), averaged over the horizon. `c` may hold
@@ -94,15 +101,21 @@ class JobModel:
         lam, p, slo = (self.lam, self.service_s, self.slo_s) if idx is None else (
             self.lam[idx], self.service_s[idx], self.slo_s[idx])
         c = np.asarray(c, float)
+        now = None if self.c_now is None or self.ramp <= 0 else (
+            self.c_now if idx is None else self.c_now[idx])
         if c.size != p.size:  # several candidate vectors stacked end to end: tile the jobs
             reps = c.size // p.size
             lam, p, slo = np.tile(lam, (reps, 1)), np.tile(p, reps), np.tile(slo, reps)
+            now = None if now is None else np.tile(now, reps)
+        ch = np.repeat(c[:, None], lam.shape[1], axis=1)  # replicas in each minute of the horizon
+        if now is not None:  # added replicas start part-way through the first minute
+            ch[:, 0] = np.minimum(c, now) + np.maximum(c - now, 0.0) * (1.0 - min(self.ramp, 1.0))
         if not self.drop:
-            lat = latency(lam, c[:, None], p[:, None])
+            lat = latency(lam, ch, p[:, None])
             u = relaxed_utility(lat, slo[:, None], self.alpha).mean(axis=1)
             return u, np.ones_like(u)
         a = ADMIT_GRID[None, None, :]
-        lat = latency(lam[:, :, None] * a, c[:, None, None], p[:, None, None])
+        lat = latency(lam[:, :, None] * a, ch[:, :, None], p[:, None, None])
         u = relaxed_utility(lat, slo[:, None, None], self.alpha).mean(axis=1)  # (n, G)
         u = u * (1.0 - drop_penalty(1.0 - ADMIT_GRID))[None, :]
         best = np.argmax(u, axis=1)  # ties go to the first grid point, i.e. the least dropping

@@ -231,6 +231,7 @@ class ServiceController:
             window_s=self.tick_s * scale,
             window_arrivals=np.array([win.arrivals for win in wins], np.int64),
             window_p99_s=np.array([win.p99_s for win in wins]) * scale,
+            window_mean_s=np.array([win.mean_s for win in wins]) * scale,
             ongoing=np.array([win.ongoing for win in wins], np.int64))
 
     def _predicted(self, live: _Live) -> float:

@@ -14,7 +14,8 @@ for _drop in ("", "-drop"):
         POLICIES.add(f"faro-{_name}{_drop}", f"{__name__}.faro:Faro", objective=_objective,
                      drop=bool(_drop), name=f"faro-{_name}{_drop}")
 for _name, _target in (("ray-serve", "ray_serve:RayServe"), ("oneshot", "oneshot:Oneshot"),
-                       ("aiad", "aiad:Aiad"), ("mark", "mark:Mark"),
+                       ("hpa", "oneshot:Hpa"),
+                       ("aiad", "aiad:Aiad"), ("aiad-faro", "aiad:AiadFaro"), ("mark", "mark:Mark"),
                        ("fairshare", "fair_share:FairShare")):
     POLICIES.add(_name, f"{__name__}.{_target}")
 

@@ -1,7 +1,12 @@
-"""Additive increase, additive decrease on the observed tail latency.
+"""Additive increase, additive decrease on the observed latency.
 
-+1 replica when the last window's p99 is over the SLO; −1 after `calm_ticks` windows in a row
-with p99 under `low_frac` × SLO.
+Plinth's AIAD (`aiad`): +1 replica when the last window's p99 is over the SLO; −1 after
+`calm_ticks` windows in a row with p99 under `low_frac` × SLO.
+
+`aiad-faro` is the rule as Faro's baseline runs it (beomyeol/faro `AIADPolicy` with the 10-job
+experiment's `autoscale_config.yaml`): the mean latency over the last 30 s against the SLO, +1
+after 3 ticks in a row over it, −1 after 60 ticks in a row at or under it, and no new action for
+a job whose replicas are still starting.
 """
 
 from __future__ import annotations
@@ -10,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from plinth.serve.policies.base import fit_quota, no_drop
+from plinth.serve.policies.base import TICK_S, fit_quota, look_back, no_drop, starting, streaks
 from plinth.serve.types import Decision, Snapshot
 
 
@@ -39,3 +44,38 @@ class Aiad:
             return None, calm
         reason = f"aiad: {int(over.sum())} over the SLO, {int(down.sum())} calm"
         return Decision(granted, no_drop(snap.n), reason), calm
+
+
+@dataclass(slots=True)
+class AiadFaroState:
+    recent: tuple[np.ndarray, ...]
+    count: np.ndarray
+
+
+@dataclass(frozen=True, slots=True)
+class AiadFaro:
+    """AIAD as Faro runs it: 30 s mean latency, +1 after 30 s over, −1 after 600 s under."""
+
+    look_back_s: float = 30.0
+    upscale_delay_s: float = 30.0
+    downscale_delay_s: float = 600.0
+    name: str = "aiad-faro"
+
+    def initial_state(self, n_jobs: int) -> AiadFaroState:
+        return AiadFaroState((), np.zeros(n_jobs, np.int64))
+
+    def decide(self, snap: Snapshot, state: AiadFaroState) -> tuple[Decision | None,
+                                                                  AiadFaroState]:
+        lat, recent = look_back(state.recent, snap, max(1, round(self.look_back_s / TICK_S)))
+        count = streaks(state.count, lat > snap.slo_s)
+        up = count >= self.upscale_delay_s // TICK_S
+        down = -count >= self.downscale_delay_s // TICK_S
+        count = np.where(up | down, 0, count)
+        act = ~starting(snap)
+        target = snap.replicas + (up & act) - (down & act)
+        new = AiadFaroState(recent, count)
+        granted = fit_quota(snap.replicas, target, snap.quota)
+        if np.array_equal(granted, snap.replicas):
+            return None, new
+        reason = f"aiad-faro: {int((up & act).sum())} up, {int((down & act).sum())} down"
+        return Decision(granted, no_drop(snap.n), reason), new

@@ -51,5 +51,47 @@ def fit_quota(current: np.ndarray, desired: np.ndarray, quota: int,
     return out
 
 
+def fit_in_order(current: np.ndarray, desired: np.ndarray, quota: int,
+                 min_replicas: int = 1) -> np.ndarray:
+    """What Faro's executor grants: shrinking jobs shrink first, then growing jobs take what is
+    free in job order, first come, first served (a later job can get nothing)."""
+    current = np.asarray(current, np.int64)
+    want = np.maximum(np.asarray(desired, np.int64), min_replicas)
+    out = np.minimum(current, want)
+    free = quota - int(out.sum())
+    for j in np.nonzero(want > out)[0]:
+        add = min(int(want[j] - out[j]), max(free, 0))
+        out[j] += add
+        free -= add
+    return out
+
+
 def no_drop(n: int) -> np.ndarray:
     return np.ones(n)
+
+
+def mean_latency(snap: Snapshot) -> np.ndarray:
+    """The window's mean latency per job, or its p99 where the runtime reports no mean."""
+    return snap.window_p99_s if snap.window_mean_s is None else snap.window_mean_s
+
+
+def look_back(recent: tuple[np.ndarray, ...], snap: Snapshot,
+              ticks: int) -> tuple[np.ndarray, tuple[np.ndarray, ...]]:
+    """Mean latency over the last `ticks` windows, weighted by their arrivals (0 with none), as
+    Faro's baselines read it (a 30 s look-back, 3 ticks). `recent` holds rows of
+    (arrivals, mean) and is returned with this window's row added."""
+    row = np.stack([snap.window_arrivals.astype(float), mean_latency(snap)])
+    recent = (recent + (row,))[-ticks:]
+    n = sum(r[0] for r in recent)
+    total = sum(r[0] * r[1] for r in recent)
+    return np.where(n > 0, total / np.maximum(n, 1.0), 0.0), recent
+
+
+def streaks(count: np.ndarray, over: np.ndarray) -> np.ndarray:
+    """Faro's up/down counters: +k after k ticks in a row over the target, −k after k under."""
+    return np.where(over, np.where(count < 0, 1, count + 1), np.where(count > 0, -1, count - 1))
+
+
+def starting(snap: Snapshot) -> np.ndarray:
+    """Jobs with replicas still starting: Faro's executor takes no new action for them."""
+    return snap.replicas > snap.ready

@@ -1,9 +1,16 @@
-"""Kubernetes HPA-style proportional scaling ("Oneshot").
+"""Ratio scaling on the observed latency ("Oneshot", as Faro defines it), and Kubernetes HPA.
 
-desired = ceil(ready × utilisation / target), where utilisation is the offered load per ready
-replica over the last window (arrivals × mean service time / (window × ready)). Changes within the
-10 % tolerance are ignored, and a scale-down uses the largest wish of the last 5 minutes (HPA's
-stabilisation window), so one quiet window does not shed replicas.
+Oneshot is the baseline of the Faro paper (beomyeol/faro, `OneshotPolicy` with the 10-job
+experiment's `autoscale_config.yaml`): every 10 s it reads each job's mean latency over the last
+30 s; after 3 ticks in a row over the SLO (30 s) it sets replicas = ceil(replicas × latency / SLO),
+and after 60 ticks in a row at or under it (600 s) it does the same, which then scales down in
+proportion (a job with no requests falls to one replica). A job whose new replicas are still
+starting gets no new action, and a scale-up takes only what the quota has free.
+
+`Hpa` is the Kubernetes HPA rule on utilisation instead: desired = ceil(ready × utilisation /
+target), where utilisation is the offered load per ready replica over the last window (arrivals ×
+mean service time / (window × ready)). Changes within the 10 % tolerance are ignored, and a
+scale-down uses the largest wish of the last 5 minutes (HPA's stabilisation window).
 """
 
 from __future__ import annotations
@@ -12,18 +19,55 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from plinth.serve.policies.base import TICK_S, fit_quota, no_drop
+from plinth.serve.policies.base import TICK_S, fit_quota, look_back, no_drop, starting, streaks
 from plinth.serve.types import Decision, Snapshot
+
+
+@dataclass(slots=True)
+class OneshotState:
+    recent: tuple[np.ndarray, ...]  # the look-back's (arrivals, mean latency) rows
+    count: np.ndarray  # +k: k ticks in a row over the SLO; −k: k at or under it
 
 
 @dataclass(frozen=True, slots=True)
 class Oneshot:
-    """HPA-style: ceil(replicas × utilisation / target 0.7), 10 % tolerance, 5 min down window."""
+    """Faro's Oneshot: ceil(replicas × mean latency / SLO), after 30 s over or 600 s under."""
+
+    look_back_s: float = 30.0
+    upscale_delay_s: float = 30.0
+    downscale_delay_s: float = 600.0
+    name: str = "oneshot"
+
+    def initial_state(self, n_jobs: int) -> OneshotState:
+        return OneshotState((), np.zeros(n_jobs, np.int64))
+
+    def decide(self, snap: Snapshot, state: OneshotState) -> tuple[Decision | None, OneshotState]:
+        lat, recent = look_back(state.recent, snap, max(1, round(self.look_back_s / TICK_S)))
+        count = streaks(state.count, lat > snap.slo_s)
+        up = count >= self.upscale_delay_s // TICK_S
+        down = -count >= self.downscale_delay_s // TICK_S
+        act = (up | down) & ~starting(snap)
+        count = np.where(up | down, 0, count)
+        factor = lat / snap.slo_s
+        want = np.maximum(np.ceil(snap.replicas * factor - 1e-9), 1).astype(np.int64)
+        target = np.where(act, want, snap.replicas)
+        new = OneshotState(recent, count)
+        granted = fit_quota(snap.replicas, target, snap.quota)
+        if np.array_equal(granted, snap.replicas):
+            return None, new
+        reason = (f"oneshot: {int((act & up).sum())} up, {int((act & down).sum())} down by "
+                  f"latency / SLO")
+        return Decision(granted, no_drop(snap.n), reason), new
+
+
+@dataclass(frozen=True, slots=True)
+class Hpa:
+    """Kubernetes HPA: ceil(replicas × utilisation / 0.7), 10 % tolerance, 5 min down window."""
 
     target_util: float = 0.7
     tolerance: float = 0.1
     stabilise_s: float = 300.0
-    name: str = "oneshot"
+    name: str = "hpa"
 
     def initial_state(self, n_jobs: int) -> list[np.ndarray]:
         return []
@@ -44,4 +88,4 @@ class Oneshot:
         granted = fit_quota(snap.replicas, target, snap.quota)
         if np.array_equal(granted, snap.replicas):  # the cluster is full: nothing changes
             return None, recent
-        return Decision(granted, no_drop(snap.n), "oneshot: proportional to load"), recent
+        return Decision(granted, no_drop(snap.n), "hpa: proportional to load"), recent
