@@ -38,6 +38,7 @@ sys.path.insert(0, str(ROOT / "src"))
 from plinth.cli.quickstart import kill_jobs, start_server, stop_server  # noqa: E402
 from plinth.client import Client  # noqa: E402
 from plinth.core.net import free_port  # noqa: E402
+from plinth.serve.sim import COLD_START_S  # noqa: E402
 
 TRACES = Path(os.environ.get("PLINTH_TRACES", ROOT.parent / "shared" / "data" / "traces"))
 TRACE = TRACES / "faro-twitter" / "jobs10_6h.jsonl"
@@ -178,7 +179,7 @@ def main() -> None:
     ap.add_argument("--thin", type=int, default=2)
     ap.add_argument("--cpus", type=int, default=16)
     ap.add_argument("--slo-ms", type=float, default=720.0)
-    ap.add_argument("--cold-start", type=float, default=5.0,
+    ap.add_argument("--cold-start", type=float, default=COLD_START_S,
                     help="the simulator's cold start (s, real): a measured replica start")
     ap.add_argument("--policies", default="faro-fairsum,aiad")
     ap.add_argument("--seed", type=int, default=0)

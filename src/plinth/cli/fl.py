@@ -176,6 +176,22 @@ def client(
 
 
 @app.command()
+def leaf(
+    connect: Annotated[str, typer.Option(help="The server's aggregator address "
+                                              "(server.aggregation.leaf_listen).")],
+    token_file: Annotated[str, typer.Option(help="File holding the task's leaf token "
+                                                 "(server.aggregation.leaf_token_file).")],
+    threads: Annotated[int, typer.Option(min=1, help="BLAS threads for folding.")] = 1,
+) -> None:
+    """A leaf aggregator of a tree-mode server, started by the runtime on the server's node:
+    it joins with the task's token and folds the updates the server assigns it each round."""
+    from plinth.fl.aggregate.leaf import main
+
+    raise typer.Exit(main(["--connect", connect, "--token-file", token_file,
+                           "--threads", str(threads)]))
+
+
+@app.command()
 def aggregator(
     app_yaml: Annotated[str, typer.Argument(metavar="APP.yaml", help="FL app spec.")],
     server: Annotated[str, typer.Option("--server", help="The upstream server's HOST:PORT.")],
