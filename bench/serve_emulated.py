@@ -36,5 +36,6 @@ def make() -> torch.nn.Module:
     path = os.environ.get("SERVE_EMU_FIT")
     if not path:
         raise ValueError("SERVE_EMU_FIT: give the service-time fit (YAML)")
-    fit = yaml.safe_load(open(path))
+    with open(path) as f:
+        fit = yaml.safe_load(f)
     return Emulated(fit, float(os.environ.get("SERVE_EMU_COMPRESS", "1")))

@@ -35,10 +35,10 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from plinth.cli.quickstart import kill_jobs, start_server, stop_server  # noqa: E402
-from plinth.client import Client  # noqa: E402
-from plinth.core.net import free_port  # noqa: E402
-from plinth.serve.sim import COLD_START_S  # noqa: E402
+from plinth.cli.quickstart import kill_jobs, start_server, stop_server
+from plinth.client import Client
+from plinth.core.net import free_port
+from plinth.serve.sim import COLD_START_S
 
 TRACES = Path(os.environ.get("PLINTH_TRACES", ROOT.parent / "shared" / "data" / "traces"))
 TRACE = TRACES / "faro-twitter" / "jobs10_6h.jsonl"
@@ -51,7 +51,7 @@ def thinned_trace(src: Path, start: int, end: int, thin: int, out: Path) -> list
     rows = [r for r in rows if start <= r["ts"] < end]
     for i, r in enumerate(rows):
         r["ts"] = i
-        r["counts"] = {j: {k: int(round(v / thin)) for k, v in m.items()}
+        r["counts"] = {j: {k: round(v / thin) for k, v in m.items()}
                        for j, m in r["counts"].items()}
     out.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return rows
@@ -84,7 +84,7 @@ async def replay(urls: dict[str, str], rows: list[dict], minute_s: float, slo_s:
                                                              "application/json"}) as r:
                 await r.read()
                 code = r.status
-        except (aiohttp.ClientError, asyncio.TimeoutError):
+        except (TimeoutError, aiohttp.ClientError):
             code = -1
         results.append((job, code, time.perf_counter() - t0))
 
@@ -196,7 +196,7 @@ def main() -> None:
         for p in [] if args.sim_only else policies:
             print(f"real path: {p} ...", flush=True)
             results.append(real_run(p, rows, args, FIT, jobs))
-    load = open("/proc/loadavg").read().split()[0]
+    load = Path("/proc/loadavg").read_text().split()[0]
     print(f"\n{Path(TRACE).name} minutes {args.minutes}, counts / {args.thin}, compressed "
           f"{args.compress:g}x, {args.cpus} CPUs, SLO {args.slo_ms:g} ms (/{args.compress:g}), "
           f"load average {load}")

@@ -14,15 +14,14 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.live import Live
-
 from rich.console import Group
+from rich.live import Live
 
 from plinth.cli.platform import console, fl_table, jobs_table, nodes_table, services_table
 from plinth.client import Client
-from plinth.sched.lifecycle import State
 from plinth.core.errors import PlinthError
 from plinth.core.net import free_port
+from plinth.sched.lifecycle import State
 from plinth.serve.loadgen import ClosedLoop
 
 EXAMPLES = ("train.yaml", "gang.yaml", "fraction.yaml")
