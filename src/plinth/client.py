@@ -147,6 +147,8 @@ class Client:
             spec = spec.model_copy(update={"base_dir": os.path.abspath(base or ".")})
         if spec.kind == "Service":
             spec = _checked_service(spec, base)
+        if spec.kind == "Tune":  # its database, where you submit from
+            spec = spec.model_copy(update={"db": os.path.abspath(spec.db)})
         return self._call("POST", "/v1/workloads",
                           json=spec.model_dump(mode="json", exclude_none=True))
 

@@ -97,7 +97,7 @@ def test_a_service_scales_survives_replica_and_control_plane_kills(serving, tmp_
     assert "re-adopted" in [e["kind"] for e in c.job(running["replica-0"])["events"]]
 
     ls = cli(serving, "ls")
-    assert "digits" in ls.stdout and "Service" in ls.stdout
+    assert "SERVICE" in ls.stdout and "digits" in ls.stdout.split("SERVICE", 1)[1]
     show = cli(serving, "show", "digits")
     assert "why: aiad" in show.stdout and "replica-0" in show.stdout
 
@@ -124,7 +124,7 @@ def test_bad_service_specs_are_one_line_errors(shared_platform, tmp_path) -> Non
         assert len(out.stderr.strip().splitlines()) == 1, out.stderr
     # A max_replicas that could never fit is refused by the control plane, and nothing stays.
     c = shared_platform.client()
-    with pytest.raises(ApiError, match=r"^max_replicas: 1000 replicas of 1 CPUs need 1000 "):
+    with pytest.raises(ApiError, match=r"^max_replicas: 1000 replicas of 0.5 CPUs need 500 "):
         c.submit_workload(base | {"name": "huge", "max_replicas": 1000})
     with pytest.raises(ApiError, match=r"can never run here"):
         c.submit_workload(base | {"name": "huge", "max_replicas": 1,

@@ -43,9 +43,10 @@ def test_each_kind_loads_into_its_model(tmp_path) -> None:
 
 def test_unknown_kind_lists_the_known_ones(tmp_path) -> None:
     assert error("name: t\nkind: Pipeline\n", tmp_path) == (
-        "spec.yaml:2: kind: unknown kind 'Pipeline'; choose one of: Job, Service, FLTask, Cluster")
-    with pytest.raises(SpecError, match=r"^api: kind: unknown kind 'Tune'; choose one of: Job,"):
-        spec_from_dict({"kind": "Tune"}, source="api")
+        "spec.yaml:2: kind: unknown kind 'Pipeline'; choose one of: Job, Service, FLTask, Tune, "
+        "Cluster")
+    with pytest.raises(SpecError, match=r"^api: kind: unknown kind 'Notebook'; choose one of: Job,"):
+        spec_from_dict({"kind": "Notebook"}, source="api")
 
 
 @pytest.mark.parametrize("text, expected", [

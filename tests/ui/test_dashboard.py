@@ -319,9 +319,52 @@ def test_services_page_lists_a_tenants_services_live(platform, world, browser, s
     _until(lambda: "100.0%" in browser.find_element(
         By.CSS_SELECTOR, '#services tr[data-service="digits"]').text, 30)
     assert "replica-0" in browser.find_element(By.ID, "services").text
+    spark = browser.find_element(By.CSS_SELECTOR, '#services tr[data-service="digits"] svg')
+    assert spark.find_element(By.TAG_NAME, "polyline").get_attribute("points")  # over time
     shot(browser, shots, "services")
     sign_in(browser, platform, world["tokens"]["beta"])  # another tenant sees none of it
     browser.get(f"{platform.url}/ui/services")
     assert browser.find_elements(By.ID, "no-services")
     with platform.client(world["tokens"]["alpha"]) as a:
         a.cancel_workload("digits")
+
+
+@pytest.mark.slow  # a real FL task: its server a job of the platform, 2 client processes
+def test_fl_page_shows_a_live_task_to_its_tenant_only(platform, world, browser, shots,
+                                                      tmp_path) -> None:
+    import yaml
+
+    tokens = tmp_path / "tokens.txt"
+    subprocess.run([sys.executable, "-m", "plinth.cli.main", "fl", "tokens", str(tokens),
+                    "--clients", "2"], check=True, capture_output=True)
+    doc = yaml.safe_load((APPS / "tiny.yaml").read_text())
+    doc |= {"kind": "FLTask", "name": "live-fl", "code": str(APPS / "tiny.py"),
+            "resources": {"cpus": 0.1, "memory": "1Gi"}, "transport": {"tokens": str(tokens)}}
+    doc["data"]["clients"] = 2
+    doc["server"] |= {"rounds": 3, "min_clients": 2, "min_available": 2}
+    app = tmp_path / "app.yaml"
+    app.write_text(yaml.safe_dump(doc))
+    with platform.client(world["tokens"]["alpha"]) as a:
+        task = a.submit_workload(app)
+        clients = [subprocess.Popen(
+            [sys.executable, "-m", "plinth.cli.main", "fl", "client", str(app), "--server",
+             task["status"]["address"], "--cid", str(i), "--token", line.split()[1]],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            for i, line in enumerate(tokens.read_text().splitlines())]
+        try:
+            _until(lambda: a.workload("live-fl")["state"] == "succeeded", 300)
+            api = a.workload("live-fl")["status"]
+        finally:
+            for c in clients:
+                c.kill()
+    sign_in(browser, platform, world["tokens"]["alpha"])
+    browser.get(f"{platform.url}/ui/fl")
+    section = browser.find_element(By.CSS_SELECTOR, 'section.fltask[data-task="live-fl"]')
+    assert section.find_element(By.CLASS_NAME, "round").text == str(api["round"]) == "3"
+    rows = section.find_elements(By.CSS_SELECTOR, "table.rounds tr")[1:]
+    assert [r.find_elements(By.TAG_NAME, "td")[1].text for r in rows] == [
+        f"{p['accuracy']:.4f}" for p in reversed(api["per_round"])]
+    shot(browser, shots, "fl-task")
+    sign_in(browser, platform, world["tokens"]["beta"])
+    browser.get(f"{platform.url}/ui/fl")
+    assert not browser.find_elements(By.CSS_SELECTOR, 'section.fltask[data-task="live-fl"]')

@@ -17,6 +17,7 @@ from plinth.cli import platform as platform_cmd
 from plinth.cli import quickstart as quickstart_cmd
 from plinth.cli import serve as serve_cmd
 from plinth.cli import sim as sim_cmd
+from plinth.cli import tune as tune_cmd
 from plinth.core.errors import PlinthError
 
 app = typer.Typer(help="Plinth: an ML platform. Run jobs on GPUs, simulate schedulers, "
@@ -33,6 +34,7 @@ app.command("place")(place_cmd.place)
 app.command("export")(export_cmd.export)
 app.add_typer(serve_cmd.app, name="serve")
 app.add_typer(fl_cmd.app, name="fl")
+app.add_typer(tune_cmd.app, name="tune")
 
 err = Console(stderr=True)
 

@@ -370,8 +370,9 @@ def show_workload(w: dict) -> None:
             console.print("accuracy per round: " + ", ".join(
                 f"{r}: {a:.4f}" if a is not None else f"{r}: -" for r, a in acc), highlight=False)
         st.pop("failed_server_job", None)
-    st.pop("router_port", None)
-    st.pop("decided_at", None)
+        st.pop("per_round", None)
+    for key in ("router_port", "decided_at", "decisions"):
+        st.pop(key, None)
     if st:
         console.print("status: " + ", ".join(f"{k} {v}" for k, v in st.items()),
                       highlight=False)

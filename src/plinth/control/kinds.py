@@ -20,7 +20,8 @@ live unit that is no longer wanted. The kinds map onto this as follows:
 - `FLTask`: its server (`plinth.fl.workload`), resumed from its last round when replaced; then
   a tree of aggregators, where a leaf sets `colocate_with` to name the unit whose node it must
   share.
-- `Tune`: a set of fractional-GPU tuning servers.
+- `Tune`: an RPC tracker, tuning servers on GPU (or CPU) shares, and the clients that search
+  and build, sharded by task (`plinth.tune.controller`).
 
 Until the scheduler places by `colocate_with`, `reconcile` refuses a unit that asks for it, in
 one line, rather than placing it anywhere.
@@ -82,6 +83,7 @@ class Controller(Protocol):
 CONTROLLERS: Registry[type] = Registry("workload kind")
 CONTROLLERS.add("Service", "plinth.serve.workload:ServiceController")
 CONTROLLERS.add("FLTask", "plinth.fl.workload:FLTaskController")
+CONTROLLERS.add("Tune", "plinth.tune.controller:TuneController")
 
 
 def check_kind(spec: object) -> str:

@@ -91,6 +91,9 @@ def build(cfg: ServerConfig) -> tuple[ControlPlane, Auth]:
         raise SpecError(f"--round: must be > 0 seconds, got {cfg.round_s}")
     config = SchedConfig(min_runtime=cfg.min_runtime_s, round_s=cfg.round_s)
     from plinth.serve.policies import POLICIES
+    from plinth.tune import spec as tune_spec
+
+    tune_spec.IMPORT_MODELS = False  # this process never imports a user's model
 
     POLICIES.check(cfg.serve_policy, field="--serve-policy")
     if cfg.serve_tick_s <= 0 or cfg.serve_minute_s <= 0:

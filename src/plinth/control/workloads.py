@@ -41,6 +41,7 @@ class Workloads:
         self.job_unit: dict[int, tuple[int, str]] = {}  # job -> (workload, unit)
         self.ended_jobs: dict[int, State] = {}  # unit jobs that have ended, and how
         self._dirty: set[int] = set()
+        self._told: set[int] = set()  # ended unit jobs the controller has been told of
         self._next = 0.0
 
     def controller(self, kind: str) -> Any:
@@ -116,7 +117,8 @@ class Workloads:
                         pass
             return "cancelled"
 
-    def _end(self, w: Workload, state: str) -> None:
+    def _end(self, w: Workload, state: Any) -> None:
+        state = getattr(state, "value", state)  # "succeeded", or a State
         self.active.pop(w.id, None)
         getattr(self.controller(w.kind), "ended", lambda _: None)(w)
         self.cp.store.update_workload(w.id, state=state, end_time=self.cp.clock(),
@@ -173,8 +175,9 @@ class Workloads:
     def reconcile(self, w: Workload, now: float) -> None:
         ctl = self.controller(w.kind)
         observed = self.observed(w)
-        for unit, o in observed.items():
-            if o.state.terminal and o.job_id in self.ended_jobs:
+        for unit, o in observed.items():  # tell the controller once per ended job
+            if o.state.terminal and o.job_id in self.ended_jobs and o.job_id not in self._told:
+                self._told.add(o.job_id)
                 getattr(ctl, "unit_ended", lambda *_: None)(w, unit)
         add, drop = reconcile(ctl.units(w, observed, now), observed)
         for job_id in drop:

@@ -299,6 +299,7 @@ KINDS: Registry[type[BaseModel]] = Registry("kind")
 KINDS.add("Job", "plinth.control.spec:JobSpec")
 KINDS.add("Service", "plinth.serve.spec:ServiceSpec")
 KINDS.add("FLTask", "plinth.fl.app:AppSpec")
+KINDS.add("Tune", "plinth.tune.spec:TuneSpec")
 KINDS.add("Cluster", ClusterSpec)
 DEFAULT_KIND = "Job"
 

@@ -129,16 +129,25 @@ class FLTaskController:
         if not rows:
             return False
         acc = w.status.setdefault("accuracy", [])
+        per_round = w.status.setdefault("per_round", [])
         for rnd, text in rows:
             rec = json.loads(text)
             acc.append([rnd, rec.get("accuracy")])
             metrics = rec.get("metrics") or {}
-            w.status.update(round=rnd, participants=len(rec.get("clients") or []),
-                            updates=rec.get("updates"), failures=len(rec.get("failures") or []))
+            clients, failed = len(rec.get("clients") or []), len(rec.get("failures") or [])
+            per_round.append({"round": rnd, "accuracy": rec.get("accuracy"),
+                              "loss": rec.get("loss"), "participants": clients,
+                              "failures": failed, "seconds": rec.get("seconds"),
+                              "leaves": metrics.get("leaves")})
+            w.status.update(round=rnd, participants=clients, updates=rec.get("updates"),
+                            failures=failed)
+            self.cp.metrics.fl_round(w.name, seconds=float(rec.get("seconds") or 0.0),
+                                     updates=int(rec.get("updates") or 0), failures=failed)
             eps = next((metrics[k] for k in ("epsilon", "dp_epsilon") if k in metrics), None)
             if eps is not None:
                 w.status["epsilon"] = eps
         del acc[:-RECENT_ROUNDS]
+        del per_round[:-RECENT_ROUNDS]
         if w.spec.privacy.dp is not None:
             w.status["epsilon_budget"] = getattr(w.spec.privacy.dp, "epsilon", None)
         return True

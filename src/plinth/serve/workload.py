@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import math
 import sys
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -38,6 +39,8 @@ from plinth.serve.spec import RouterSpec, ServiceSpec
 from plinth.serve.types import Snapshot
 
 log = logging.getLogger("plinth.serve")
+TIMELINE = 360  # ticks of (desired, ready) kept for the dashboard
+DECISIONS = 10  # the autoscaler's last decisions kept in a service's status
 
 
 @dataclass(slots=True)
@@ -51,6 +54,7 @@ class _Live:
     within_slo: int = 0
     answered: int = 0
     window: Window | None = None
+    timeline: deque = field(default_factory=lambda: deque(maxlen=TIMELINE))  # (t, desired, ready)
 
 
 class ServiceController:
@@ -193,8 +197,12 @@ class ServiceController:
                 if want != desired:
                     w.status["reason"] = decision.reason
                     w.status["decided_at"] = now
+                    w.status["decisions"] = [*w.status.get("decisions", []), {
+                        "at": now, "from": desired, "to": want,
+                        "reason": decision.reason}][-DECISIONS:]
                     desired = want
                     changed.append(w)
+            live.timeline.append((now, desired, win.ready if win else 0))
             w.status.update(
                 desired=desired, ready=win.ready if win else 0,
                 rate_rps=round(win.arrivals / self.tick_s, 3) if win else 0.0,
@@ -204,6 +212,11 @@ class ServiceController:
                 predicted_rps=round(self._predicted(live), 3),
                 service_ms=round(float(snap.service_s[j]) * 1000 * self.minute_s / 60, 3))
         return changed
+
+    def timeline(self, workload_id: int) -> list[tuple[float, int, int]]:
+        """(time, desired, ready) at each tick, oldest first, for the dashboard."""
+        live = self._live.get(workload_id)
+        return list(live.timeline) if live is not None else []
 
     def _snapshot(self, services: list[Workload], now: float) -> Snapshot:
         n = len(services)

@@ -185,8 +185,12 @@ def router(cp: ControlPlane, auth: Auth) -> APIRouter:
         return await opened(request, who, results.sim_view, "_simulation.html")
 
     @r.get("/ui/fl", response_class=HTMLResponse)
-    async def fl_page(request: Request, who: Who) -> HTMLResponse:
-        return page(request, "fl.html", who)
+    def fl_page(request: Request, who: Who) -> HTMLResponse:
+        return page(request, "fl.html", who, tasks=views.fl_tasks(cp, who), poll=POLL)
+
+    @r.get("/ui/fl/live", response_class=HTMLResponse)
+    def fl_live(request: Request, who: Who) -> HTMLResponse:
+        return page(request, "_fl_tasks.html", who, tasks=views.fl_tasks(cp, who))
 
     @r.post("/ui/fl", response_class=HTMLResponse)
     async def fl_open(request: Request, who: Who) -> HTMLResponse:

@@ -175,6 +175,8 @@ class ServiceRow:
     attainment: float | None  # share of its requests answered within the SLO
     reason: str  # why the autoscaler chose `desired`
     units: list[tuple[str, int, str]]  # (unit, its newest job, state)
+    lines: dict[str, str]  # SVG points of desired and ready replicas over time
+    decisions: list[dict[str, Any]]  # the autoscaler's last decisions, newest first
 
 
 def services(cp: ControlPlane, who: Principal) -> list[ServiceRow]:
@@ -190,5 +192,50 @@ def services(cp: ControlPlane, who: Principal) -> list[ServiceRow]:
             int(st.get("ready", 0)), w.spec.min_replicas, w.spec.max_replicas,
             float(st.get("rate_rps", 0.0)), float(st.get("predicted_rps", 0.0)),
             float(st.get("p99_ms", 0.0)), w.spec.slo_ms, st.get("slo_attainment"),
-            st.get("reason", "-"), sorted(units.values())))
+            st.get("reason", "-"), sorted(units.values()),
+            sparkline(cp.workloads.controller("Service").timeline(w.id)),
+            list(reversed(st.get("decisions", [])))))
+    return out
+
+
+def sparkline(points: list[tuple[float, int, int]], width: int = 160, height: int = 28
+              ) -> dict[str, str]:
+    """SVG polyline points for desired and ready replicas over the ticks kept."""
+    if not points:
+        return {"desired": "", "ready": ""}
+    top = max(max(d, r) for _, d, r in points) or 1
+    step = width / max(len(points) - 1, 1)
+
+    def line(k: int) -> str:
+        return " ".join(f"{i * step:.1f},{height - 2 - (p[k] / top) * (height - 4):.1f}"
+                        for i, p in enumerate(points))
+    return {"desired": line(1), "ready": line(2)}
+
+
+@dataclass(frozen=True, slots=True)
+class FLTaskRow:
+    name: str
+    tenant: str
+    state: str
+    address: str
+    round: int
+    rounds: int | None
+    epsilon: float | None
+    epsilon_budget: float | None
+    per_round: list[dict[str, Any]]  # newest first: accuracy, loss, participants, failures, leaves
+
+
+def fl_tasks(cp: ControlPlane, who: Principal) -> list[FLTaskRow]:
+    """The FL tasks the principal may see (active, then the last finished ones)."""
+    rows = cp.store.workloads(tenant=None if who.admin else who.tenant)
+    out = []
+    for r in rows:
+        if r["kind"] != "FLTask" or len(out) >= 20:
+            continue
+        live = cp.workloads.active.get(r["id"])
+        st = dict(live.status) if live is not None else r["status"]
+        out.append(FLTaskRow(r["name"], r["tenant"], r["state"], st.get("address", ""),
+                             int(st.get("round", 0)), st.get("rounds"), st.get("epsilon"),
+                             st.get("epsilon_budget"),
+                             list(reversed(st.get("per_round", [])))))
     return out

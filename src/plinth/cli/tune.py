@@ -1,0 +1,52 @@
+"""`plinth tune`: share-aware autotuning (TVM MetaSchedule). `show DIR` lists a tuning
+database; `run FILE` submits a Tune spec to the control plane (as `plinth submit`)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from plinth.cli.platform import Server, Token
+
+app = typer.Typer(help="Tune models at the GPU or CPU share they will run at (SLICE-TUNE).",
+                  no_args_is_help=True)
+console = Console(width=None if sys.stdout.isatty() else 120)
+
+
+@app.command("show")
+def show(db: Annotated[Path, typer.Argument(help="A tuning database folder (a Tune spec's "
+                                                 "db).")]) -> None:
+    """What is tuned in a database: each model and target, at which shares, how much."""
+    from plinth.core.errors import PlinthError
+    from plinth.tune.db import listing
+
+    if not db.is_dir():
+        raise PlinthError(f"{db}: no such tuning database (a folder)")
+    entries = listing(db)
+    if not entries:
+        console.print(f"{db}: nothing tuned yet", highlight=False)
+        return
+    t = Table(title=f"tuned in {db}")
+    for col in ("model", "target", "share", "tasks", "records", "shards", "tuning s"):
+        t.add_column(col, justify="left" if col in ("model", "target") else "right")
+    for e in entries:
+        unit = " cores" if e.target == "cpu" else "%"
+        t.add_row(e.model, e.target, f"{e.share:g}{unit}", str(e.tasks), str(e.records),
+                  str(e.shards), "-" if e.seconds is None else f"{e.seconds:,.0f}")
+    console.print(t)
+
+
+@app.command("run")
+def run(spec: Annotated[Path, typer.Argument(help="A Tune spec (YAML).")],
+        server: Server = None, token: Token = None) -> None:
+    """Submit a Tune spec: the control plane runs its tracker, servers and clients as units."""
+    from plinth.cli.platform import submit
+    from plinth.core.spec import load_spec
+
+    load_spec(spec, kind="Tune")  # a wrong kind or field is reported as for `plinth submit`
+    submit([spec], server=server, token=token)

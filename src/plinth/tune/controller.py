@@ -1,0 +1,137 @@
+"""The Tune controller: a tuning task as runtime units (an RPC tracker, servers, clients).
+
+    units(workload, observed, now) -> [tracker, server-<share>-<j>..., client-<share>-<i>...]
+
+For each share s the task runs `servers` tuning servers that measure candidates, registered
+with the task's own RPC tracker under the key `share-s`, and `clients` tuning clients that
+search and build, each over its shard of the model's tasks (`plan.shard`), measuring through
+MetaSchedule's RPC runner on the servers of its share. A server asks for its share: on a GPU a
+fraction with an MPS thread percentage, on a CPU `share` cores (the runtime's CPU limits pin
+it; the server runs `share` threads). A client that succeeds is done (one that fails runs
+again, `CLIENT_TRIES` in all); a server that dies is replaced. The servers of a share are
+dropped once all its clients are done, and the tracker once every client is. The tracker writes
+its address to a file in the database folder, so that no port is chosen here.
+
+Pure: the same workload and observed units give the same units.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+from plinth.control.kinds import Observed, Unit, Workload
+from plinth.control.spec import JobSpec, Resources
+from plinth.core.errors import SpecError
+from plinth.sched.lifecycle import State
+from plinth.tune.plan import share_key
+from plinth.tune.spec import TuneSpec
+
+# The interpreter that has Plinth installed: the units run Plinth's own entry points.
+PYTHON = sys.executable
+CLIENT_TRIES = 2  # a client that fails is started again once; its finished records stay
+TRACKER_MIB = 1024  # TVM imported: 256 MiB of RLIMIT_DATA leaves no room for a thread
+
+
+def tracker_file(spec: TuneSpec) -> str:
+    """Where the tracker of a task writes its address ({"host", "port"})."""
+    return str(Path(spec.db) / ".run" / spec.name / "tracker.json")
+
+
+def unit_names(spec: TuneSpec) -> dict[float, tuple[list[str], list[str]]]:
+    """(server names, client names) of each share."""
+    return {s: ([f"server-{share_key(s)}-{j}" for j in range(spec.servers)],
+                [f"client-{share_key(s)}-{i}" for i in range(spec.clients)])
+            for s in spec.shares}
+
+
+class TuneController:
+    """Units of Tune workloads (`plinth.control.kinds.Controller`); its record in `w.status`
+    is each client's failure count."""
+
+    kind = "Tune"
+
+    def check(self, w: Workload, cluster_cpus: float, cluster_gpus: int) -> None:
+        spec = _spec(w)
+        if spec.target == "cpu" and max(spec.shares) > cluster_cpus:
+            raise SpecError(f"shares: {max(spec.shares):g} cores is more than the cluster's "
+                            f"{cluster_cpus:g} CPUs")
+        if spec.target == "cuda" and cluster_gpus == 0:
+            raise SpecError("target: cuda, but the cluster has no GPU")
+
+    def unit_ended(self, w: Workload, unit: str) -> None:
+        """Called once per ended job of a unit; counts the clients' failures."""
+        w.status.setdefault("ended", {})
+        w.status["ended"][unit] = w.status["ended"].get(unit, 0) + 1
+
+    def units(self, w: Workload, observed: Mapping[str, Observed], now: float) -> list[Unit]:
+        spec = _spec(w)
+        out: list[Unit] = []
+        for share, (servers, clients) in unit_names(spec).items():
+            left = [c for c in clients if not _done(w, observed, c)]
+            if left:  # a server that died is replaced: it lost only its in-flight trials
+                out += [Unit(n, server_job(spec, share, n)) for n in servers]
+            out += [Unit(n, client_job(spec, share, clients.index(n), n)) for n in left]
+        if out:
+            out.insert(0, Unit("tracker", tracker_job(spec)))
+        return out
+
+    def finished(self, w: Workload, observed: Mapping[str, Observed]) -> State | None:
+        """SUCCEEDED when every client has, FAILED when one has given up, else None."""
+        clients = [c for _, cs in unit_names(_spec(w)).values() for c in cs]
+        if not all(_done(w, observed, c) for c in clients):
+            return None
+        ok = all(observed[c].state is State.SUCCEEDED for c in clients)
+        return State.SUCCEEDED if ok else State.FAILED
+
+
+def _spec(w: Workload) -> TuneSpec:
+    if not isinstance(w.spec, TuneSpec):
+        raise SpecError(f"kind Tune: expected a Tune spec, got {type(w.spec).__name__}")
+    return w.spec
+
+
+def _done(w: Workload, observed: Mapping[str, Observed], client: str) -> bool:
+    """A client is done once it has succeeded, or failed CLIENT_TRIES times."""
+    o = observed.get(client)
+    if o is None or not o.state.terminal:
+        return False
+    tries = int(w.status.get("ended", {}).get(client, 1))
+    return o.state is State.SUCCEEDED or tries >= CLIENT_TRIES
+
+
+def _job(spec: TuneSpec, unit: str, command: list[str], resources: Resources) -> JobSpec:
+    return JobSpec(name=f"{spec.name}-{unit}"[:63], tenant=spec.tenant, command=command,
+                   resources=resources, priority=spec.priority,
+                   preemptible=False)  # a preempted server or client loses its trials
+
+
+def tracker_job(spec: TuneSpec) -> JobSpec:
+    return _job(spec, "tracker",
+                [PYTHON, "-m", "plinth.tune.tracker", "--addr-file", tracker_file(spec)],
+                Resources(cpus=0.1, memory=TRACKER_MIB))
+
+
+def server_job(spec: TuneSpec, share: float, name: str) -> JobSpec:
+    cmd = [PYTHON, "-m", "plinth.tune.server", "--tracker-file", tracker_file(spec),
+           "--key", share_key(share)]
+    if spec.target == "cpu":
+        res = Resources(cpus=share, memory=spec.memory)
+        cmd += ["--threads", str(int(share))]
+    else:  # an MPS share of one GPU; its GPU memory is split in proportion
+        res = Resources(cpus=1, memory=spec.memory, gpu_fraction=share / 100)
+    return _job(spec, name, cmd, res)
+
+
+def client_job(spec: TuneSpec, share: float, index: int, name: str) -> JobSpec:
+    cmd = [PYTHON, "-m", "plinth.tune.client",
+           "--model", spec.model, "--input-shape", ",".join(map(str, spec.input_shape)),
+           "--target", spec.target, "--share", f"{share:g}",
+           "--shard", f"{index}/{spec.clients}", "--servers", str(spec.servers),
+           "--trials", str(spec.trials), "--trials-per-iter", str(spec.trials_per_iter),
+           "--seed", str(spec.seed), "--builder", spec.builder, "--db", spec.db,
+           "--tracker-file", tracker_file(spec)]
+    # A client reserves no CPU of its own: its search and builds run between its server's
+    # measurements, so a share can be a whole small machine (2 of 2 cores) and still be tuned.
+    return _job(spec, name, cmd, Resources(cpus=0, memory=spec.memory))

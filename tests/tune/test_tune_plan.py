@@ -1,0 +1,117 @@
+"""The Tune controller's units and the pure planning under it (no TVM, no processes)."""
+
+from __future__ import annotations
+
+import pytest
+
+from plinth.control.kinds import Observed, Workload, reconcile
+from plinth.core.errors import SpecError
+from plinth.sched.lifecycle import State
+from plinth.tune.controller import TuneController
+from plinth.tune.db import model_key
+from plinth.tune.model import Task
+from plinth.tune.plan import budget, parse_shard, shard, share_key
+from plinth.tune.spec import TuneSpec
+
+
+def _spec(**kw) -> TuneSpec:
+    # model_construct: these tests are about units, not about importing a model through TVM
+    base = {name: f.default for name, f in TuneSpec.model_fields.items()}
+    base.update(model="plinth.tune.models:tiny_linear", input_shape=[1, 64], shares=[1, 2],
+                trials=8, servers=2, clients=2, name="t")
+    base.update(kw)
+    return TuneSpec.model_construct(**base)
+
+
+def _w(spec: TuneSpec) -> Workload:
+    return Workload(1, "Tune", spec.name, "t", spec)
+
+
+def _obs(names, state=State.RUNNING):
+    return {n: Observed(n, i + 1, state) for i, n in enumerate(names)}
+
+
+def test_units_are_tracker_servers_and_clients_per_share():
+    units = TuneController().units(_w(_spec()), {}, 0.0)
+    names = [u.name for u in units]
+    assert names[0] == "tracker"
+    assert sorted(names[1:]) == sorted(
+        [f"server-share-{s}-{j}" for s in (1, 2) for j in (0, 1)]
+        + [f"client-share-{s}-{i}" for s in (1, 2) for i in (0, 1)])
+    server = next(u for u in units if u.name == "server-share-2-0").spec
+    assert server.resources.cpus == 2 and server.command[-2:] == ["--threads", "2"]
+    assert "--key" in server.command and "share-2" in server.command
+    client = next(u for u in units if u.name == "client-share-1-1").spec
+    assert client.command[client.command.index("--shard") + 1] == "1/2"
+
+
+def test_gpu_servers_ask_for_a_fraction():
+    units = TuneController().units(_w(_spec(target="cuda", shares=[25, 50])), {}, 0.0)
+    server = next(u for u in units if u.name == "server-share-25-0").spec
+    assert server.resources.gpu_fraction == 0.25 and "--threads" not in server.command
+
+
+def _end(w, observed, name, state):
+    observed[name] = Observed(name, observed[name].job_id, state)
+    TuneController().unit_ended(w, name)
+
+
+def test_servers_go_when_their_share_is_done_and_the_tracker_last():
+    ctl, w = TuneController(), _w(_spec())
+    observed = _obs([u.name for u in ctl.units(w, {}, 0.0)])
+    for c in ("client-share-1-0", "client-share-1-1"):
+        _end(w, observed, c, State.SUCCEEDED)
+    add, drop = reconcile(ctl.units(w, observed, 1.0), observed)
+    assert add == [] and ctl.finished(w, observed) is None
+    assert sorted(drop) == sorted(observed[f"server-share-1-{j}"].job_id for j in (0, 1))
+    _end(w, observed, "client-share-2-0", State.SUCCEEDED)
+    _end(w, observed, "client-share-2-1", State.FAILED)  # once: it runs again
+    add, _ = reconcile(ctl.units(w, observed, 2.0), observed)
+    assert [u.name for u in add] == ["client-share-2-1"]
+    observed["client-share-2-1"] = Observed("client-share-2-1", 99, State.RUNNING)
+    _end(w, observed, "client-share-2-1", State.FAILED)  # twice: it has given up
+    assert ctl.units(w, observed, 3.0) == []
+    assert ctl.finished(w, observed) is State.FAILED
+
+
+def test_a_dead_server_is_replaced_while_its_share_tunes():
+    ctl, w = TuneController(), _w(_spec())
+    observed = _obs([u.name for u in ctl.units(w, {}, 0.0)])
+    observed["server-share-1-0"] = Observed("server-share-1-0", 1, State.FAILED)
+    add, drop = reconcile(ctl.units(w, observed, 1.0), observed)
+    assert [u.name for u in add] == ["server-share-1-0"] and drop == []
+
+
+def test_check_refuses_shares_the_cluster_cannot_hold():
+    with pytest.raises(SpecError, match="shares: 2 cores is more than the cluster's 1 CPUs"):
+        TuneController().check(_w(_spec()), 1.0, 0)
+    with pytest.raises(SpecError, match="target: cuda, but the cluster has no GPU"):
+        TuneController().check(_w(_spec(target="cuda", shares=[50])), 16.0, 0)
+
+
+def test_the_controller_is_pure():
+    ctl, w = TuneController(), _w(_spec())
+    assert ctl.units(w, {}, 0.0) == ctl.units(w, {}, 99.0)
+
+
+def test_shards_balance_task_counts_spread_heavy_tasks_and_cover_each_once():
+    tasks = [Task(f"t{i}", w, f) for i, (w, f) in
+             enumerate([(1, 100.0), (2, 10.0), (1, 90.0), (1, 5.0), (3, 1.0)])]
+    parts = shard(tasks, 2)
+    assert sorted(i for p in parts for i in p) == list(range(5))
+    assert sorted(len(p) for p in parts) == [2, 3]
+    assert (0 in parts[0]) != (2 in parts[0])  # the two heaviest go to different clients
+    assert parts == shard(tasks, 2)
+    assert shard(tasks, 7)[6] == []  # more clients than tasks: idle ones
+    with pytest.raises(ValueError):
+        shard(tasks, 0)
+
+
+def test_budget_and_keys():
+    assert budget(64, 2, 4) == 32 and budget(3, 2, 8) == 2 and budget(10, 0, 3) == 0
+    assert parse_shard("1/4") == (1, 4)
+    with pytest.raises(ValueError, match="0 <= I < K"):
+        parse_shard("4/4")
+    assert share_key(2.0) == "share-2" and share_key(12.5) == "share-12.5"
+    assert model_key("plinth.tune.models:small_cnn", [1, 3, 32, 32]) == \
+        "plinth.tune.models-small_cnn-1x3x32x32"
