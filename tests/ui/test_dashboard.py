@@ -68,6 +68,18 @@ def _until(cond, timeout: float = 30.0):
     return got
 
 
+def settled(read, tries: int = 20):
+    """`read()` of elements that htmx may swap out mid-read (every 2 s): read again."""
+    from selenium.common.exceptions import StaleElementReferenceException
+
+    for _ in range(tries - 1):
+        try:
+            return read()
+        except StaleElementReferenceException:
+            pass
+    return read()
+
+
 def sign_in(driver, platform, token: str) -> None:
     driver.delete_all_cookies()
     driver.get(f"{platform.url}/ui/login")
@@ -319,8 +331,9 @@ def test_services_page_lists_a_tenants_services_live(platform, world, browser, s
     _until(lambda: "100.0%" in browser.find_element(
         By.CSS_SELECTOR, '#services tr[data-service="digits"]').text, 30)
     assert "replica-0" in browser.find_element(By.ID, "services").text
-    spark = browser.find_element(By.CSS_SELECTOR, '#services tr[data-service="digits"] svg')
-    assert spark.find_element(By.TAG_NAME, "polyline").get_attribute("points")  # over time
+    assert settled(lambda: browser.find_element(  # replicas over time
+        By.CSS_SELECTOR, '#services tr[data-service="digits"] svg polyline'
+    ).get_attribute("points"))
     shot(browser, shots, "services")
     sign_in(browser, platform, world["tokens"]["beta"])  # another tenant sees none of it
     browser.get(f"{platform.url}/ui/services")
@@ -344,12 +357,15 @@ def test_fl_page_shows_a_live_task_to_its_tenant_only(platform, world, browser, 
     doc["server"] |= {"rounds": 3, "min_clients": 2, "min_available": 2}
     app = tmp_path / "app.yaml"
     app.write_text(yaml.safe_dump(doc))
-    with platform.client(world["tokens"]["alpha"]) as a:
+    # The admin's tenant runs as the server's user, who can read the tokens file made here (a
+    # tenant of its own Unix user could not: the file is 0600).
+    with platform.client() as a:
         task = a.submit_workload(app)
+        _until(lambda: [u["state"] for u in a.workload("live-fl")["units"]] == ["running"], 120)
         clients = [subprocess.Popen(
             [sys.executable, "-m", "plinth.cli.main", "fl", "client", str(app), "--server",
              task["status"]["address"], "--cid", str(i), "--token", line.split()[1]],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
             for i, line in enumerate(tokens.read_text().splitlines())]
         try:
             _until(lambda: a.workload("live-fl")["state"] == "succeeded", 300)
@@ -357,13 +373,14 @@ def test_fl_page_shows_a_live_task_to_its_tenant_only(platform, world, browser, 
         finally:
             for c in clients:
                 c.kill()
-    sign_in(browser, platform, world["tokens"]["alpha"])
+    sign_in(browser, platform, platform.token)
     browser.get(f"{platform.url}/ui/fl")
-    section = browser.find_element(By.CSS_SELECTOR, 'section.fltask[data-task="live-fl"]')
-    assert section.find_element(By.CLASS_NAME, "round").text == str(api["round"]) == "3"
-    rows = section.find_elements(By.CSS_SELECTOR, "table.rounds tr")[1:]
-    assert [r.find_elements(By.TAG_NAME, "td")[1].text for r in rows] == [
-        f"{p['accuracy']:.4f}" for p in reversed(api["per_round"])]
+    task = 'section.fltask[data-task="live-fl"]'
+    assert settled(lambda: browser.find_element(By.CSS_SELECTOR, f"{task} .round").text) \
+        == str(api["round"]) == "3"
+    shown = settled(lambda: [r.find_elements(By.TAG_NAME, "td")[1].text for r in
+                             browser.find_elements(By.CSS_SELECTOR, f"{task} table.rounds tr")[1:]])
+    assert shown == [f"{p['accuracy']:.4f}" for p in reversed(api["per_round"])]
     shot(browser, shots, "fl-task")
     sign_in(browser, platform, world["tokens"]["beta"])
     browser.get(f"{platform.url}/ui/fl")
