@@ -33,9 +33,12 @@ from rich.table import Table
 
 from plinth.serve.batching import Batcher
 from plinth.serve.model import parse_shape
-from plinth.serve.replica import NPY, ReplicaProcess, prepare
+from plinth.serve.replica import NPY, prepare
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests" / "serve"))
+from replica_process import ReplicaProcess
+
 WARMUP_S = 1.0
 
 

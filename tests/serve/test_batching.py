@@ -16,6 +16,7 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
+from replica_process import ReplicaProcess
 
 from plinth.serve.batching import (
     Batcher,
@@ -26,7 +27,7 @@ from plinth.serve.batching import (
     profile_sizes,
 )
 from plinth.serve.model import forward_fn, load_model
-from plinth.serve.replica import NPY, ReplicaProcess
+from plinth.serve.replica import NPY
 
 ROOT = str(Path(__file__).resolve().parents[2])
 ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT)

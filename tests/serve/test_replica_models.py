@@ -19,10 +19,11 @@ import pytest
 import torch
 import uvicorn
 from fastapi import FastAPI, Request, Response
+from replica_process import ReplicaProcess
 
 from plinth.core.errors import PlinthError, SpecError
 from plinth.serve.model import check_model, check_model_here, forward_fn, load_handler, load_model
-from plinth.serve.replica import NPY, ReplicaProcess
+from plinth.serve.replica import NPY
 
 ROOT = str(Path(__file__).resolve().parents[2])
 ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
