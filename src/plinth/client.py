@@ -20,10 +20,10 @@ from typing import Any
 
 import httpx
 
-from plinth.sched.lifecycle import State
 from plinth.control.spec import JobSpec, job_to_run
 from plinth.core.errors import PlinthError
 from plinth.core.spec import load_spec, spec_from_dict
+from plinth.sched.lifecycle import State
 
 DEFAULT_SERVER = "http://127.0.0.1:8642"
 
@@ -47,14 +47,6 @@ def check_token(token: str | None) -> str | None:
         raise PlinthError("--token / PLINTH_TOKEN: the API token contains a space or a "
                           "non-printable character; tokens are printable ASCII (plt_...)")
     return token
-
-
-def _beside(folder: Path, arg: str) -> str:
-    """`arg` as an absolute path if it names a file in `folder`, else as it is."""
-    if not arg or arg.startswith("-") or os.path.isabs(arg) or "\n" in arg:
-        return arg
-    path = folder / arg
-    return str(path.resolve()) if path.is_file() else arg
 
 
 class ApiError(PlinthError):
@@ -123,10 +115,7 @@ class Client:
             spec = job_to_run(load_spec(Path(spec)), str(spec))
         elif isinstance(spec, dict):
             spec = job_to_run(spec_from_dict(spec, source="job spec"), "job spec")
-        command = spec.command if base is None else [_beside(base, a) for a in spec.command]
-        spec = spec.model_copy(update={"workdir": os.path.abspath(spec.workdir or "."),
-                                       "command": command})
-        body = spec.model_dump(mode="json", exclude_none=True)
+        body = spec.submitted(base).model_dump(mode="json", exclude_none=True)
         return int(self._call("POST", "/v1/jobs", json=body)["id"])
 
     # --- workloads of several units (Service, ...) -------------------------------------------
@@ -141,16 +130,8 @@ class Client:
             spec = load_spec(Path(spec))
         elif isinstance(spec, dict):
             spec = spec_from_dict(spec, source="spec")
-        if "workdir" in type(spec).model_fields:  # as a job's: where you submit
-            spec = spec.model_copy(update={"workdir": os.path.abspath(spec.workdir or ".")})
-        if "base_dir" in type(spec).model_fields:  # an FL app's files are beside it
-            spec = spec.model_copy(update={"base_dir": os.path.abspath(base or ".")})
-        if spec.kind == "Service":
-            spec = _checked_service(spec, base)
-        if spec.kind == "Tune":  # its database, where you submit from
-            spec = spec.model_copy(update={"db": os.path.abspath(spec.db)})
         return self._call("POST", "/v1/workloads",
-                          json=spec.model_dump(mode="json", exclude_none=True))
+                          json=spec.submitted(base).model_dump(mode="json", exclude_none=True))
 
     def workloads(self, *, all: bool = False) -> list[dict]:
         return self._call("GET", "/v1/workloads", params={"all": all})
@@ -263,15 +244,3 @@ class Client:
 
     def revoke_token(self, token_id: str) -> None:
         self._send("DELETE", f"/v1/tokens/{token_id}")
-
-
-def _checked_service(spec: Any, base: Path | None) -> Any:
-    """A Service spec with its model file made absolute and its single-request time measured
-    (`service_ms`, which the autoscaler plans with), unless the spec gives it."""
-    from plinth.serve.model import check_model
-
-    model = spec.model if base is None else _beside(base, spec.model)
-    measured = check_model(model, spec.input_shape, spec.slo_ms, workdir=spec.workdir)
-    return spec.model_copy(update={"model": model,
-                                   "service_ms": spec.service_ms or round(measured, 3)})
-

@@ -34,7 +34,9 @@ placement:                  # optional: a model-parallel plan for the GPUs given
 
 from __future__ import annotations
 
+import os
 import re
+from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -42,7 +44,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from plinth.core.errors import SpecError
 from plinth.core.gpus import gpu_model
 from plinth.core.resources import MILLI, Request
-from plinth.core.spec import parse_memory
+from plinth.core.spec import beside, parse_memory
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d)?\s*$")
 _SECONDS = {None: 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -191,6 +193,12 @@ class JobSpec(BaseModel):
     array: str | None = None
     array_index: int | None = Field(None, description="set by the platform for array tasks")
     array_id: int | None = Field(None, description="set by the platform: the array's id")
+
+    def submitted(self, base: Path | None) -> JobSpec:
+        """As sbatch does, the job runs where it is submitted from unless it names a
+        directory; a command argument naming a file beside the spec is made absolute."""
+        return self.model_copy(update={"workdir": os.path.abspath(self.workdir or "."),
+                                       "command": [beside(base, a) for a in self.command]})
 
     def dependencies(self) -> list[tuple[str, int]]:
         """(kind, job id) of every dependency, in the order of DEPENDENCY_KINDS."""

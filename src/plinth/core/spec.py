@@ -9,6 +9,11 @@ top-level `kind` (`Job` when absent, `Service`, `FLTask`, `Cluster`; see `KINDS`
 Every error is a one-line `SpecError`: the file, the line when known, the field path and the
 value, e.g. ``train.yaml:7: resources.gpus: must be >= 0 (got -1)``.
 
+Every kind's model has `submitted(base) -> spec`: the spec as `plinth submit` sends it. Its
+paths are made absolute (a file named beside the spec against `base`, the spec's folder; a
+working directory against where you submit), and what the control plane must not do itself is
+done there (a Service's model is loaded and timed once, in a child process).
+
 `load_cluster(arg)` accepts
 
 - a path to a YAML spec (``.yaml``/``.yml``, or any existing file that is not ``.csv``);
@@ -46,6 +51,15 @@ ALIBABA_NODES_PER_RACK = 16
 _SHORTHAND_PART = re.compile(r"^(\d+)x(\d+)x([A-Za-z0-9][A-Za-z0-9-]*)$", re.IGNORECASE)
 _MEMORY = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(Mi|Gi|Ti)?\s*$")
 _UNIT_MIB = {None: 1, "Mi": 1, "Gi": 1024, "Ti": 1024 * 1024}
+
+
+def beside(folder: Path | None, arg: str) -> str:
+    """`arg` as an absolute path if it names a file in `folder` (a spec's folder), else as it
+    is: `train.py` beside `train.yaml` runs from any directory."""
+    if folder is None or not arg or arg.startswith("-") or os.path.isabs(arg) or "\n" in arg:
+        return arg
+    path = folder / arg
+    return str(path.resolve()) if path.is_file() else arg
 
 
 def parse_memory(value: float | str) -> int:

@@ -347,6 +347,10 @@ class AppSpec(_Spec):
     checkpoint_dir: str | None = None
     base_dir: str = "."  # set by `load_app` to the YAML's folder
 
+    def submitted(self, base: Path | None) -> AppSpec:
+        """The app's files (code, data, tokens) are found beside its YAML."""
+        return self.model_copy(update={"base_dir": str(Path(base or ".").resolve())})
+
     @model_validator(mode="after")
     def _works_together(self) -> AppSpec:
         # Build the strategy once so that its options are checked at start-up too.

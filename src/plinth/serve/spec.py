@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from plinth.control.spec import Resources
 from plinth.core.registry import Registry
+from plinth.core.spec import beside
 
 # The models a replica serves (plinth.serve.model builds them; torch is imported on first use).
 MODELS: Registry[Callable[[], Any]] = Registry("model")  # -> a torch.nn.Module
@@ -73,6 +76,18 @@ class ServiceSpec(BaseModel):
     batching: Batching = Field(default_factory=Batching)
     workdir: str | None = None  # where MODULE is imported from; default: where you submit
     env: dict[str, str] = Field(default_factory=dict)
+
+    def submitted(self, base: Path | None) -> ServiceSpec:
+        """MODULE is imported from where you submit; a model file beside the spec is made
+        absolute. The model is loaded and timed here, in a child process (one line naming
+        the field if it fails), for `service_ms` unless the spec gives it: the control plane
+        never imports a user's model."""
+        from plinth.serve.model import check_model
+
+        workdir, model = os.path.abspath(self.workdir or "."), beside(base, self.model)
+        measured = check_model(model, self.input_shape, self.slo_ms, workdir=workdir)
+        return self.model_copy(update={"workdir": workdir, "model": model,
+                                       "service_ms": self.service_ms or round(measured, 3)})
 
     @field_validator("model")
     @classmethod

@@ -12,6 +12,13 @@ again, `CLIENT_TRIES` in all); a server that dies is replaced. The servers of a 
 dropped once all its clients are done, and the tracker once every client is. The tracker writes
 its address to a file in the database folder, so that no port is chosen here.
 
+Shares that do not fit the cluster together run one after another, as the scheduler places
+their servers. So that this cannot deadlock, the tracker reserves no CPU (it only routes
+requests: with 0.1 CPU held, a share of the whole machine could never be placed while the
+tracker lives, and the tracker lives until that share's clients are done), and a share's
+clients start only once one of its servers runs (started earlier, a client would spend its
+trials timing out at the tracker, waiting for a server that is still queued).
+
 Pure: the same workload and observed units give the same units.
 """
 
@@ -72,7 +79,10 @@ class TuneController:
             left = [c for c in clients if not _done(w, observed, c)]
             if left:  # a server that died is replaced: it lost only its in-flight trials
                 out += [Unit(n, server_job(spec, share, n)) for n in servers]
-            out += [Unit(n, client_job(spec, share, clients.index(n), n)) for n in left]
+            serving = any(n in observed and observed[n].state is State.RUNNING
+                          for n in servers)
+            out += [Unit(n, client_job(spec, share, clients.index(n), n)) for n in left
+                    if serving or _live(observed, n)]
         if out:
             out.insert(0, Unit("tracker", tracker_job(spec)))
         return out
@@ -101,6 +111,11 @@ def _done(w: Workload, observed: Mapping[str, Observed], client: str) -> bool:
     return o.state is State.SUCCEEDED or tries >= CLIENT_TRIES
 
 
+def _live(observed: Mapping[str, Observed], unit: str) -> bool:
+    """It has a job that has not ended (a client keeps it while its server is replaced)."""
+    return unit in observed and not observed[unit].state.terminal
+
+
 def _job(spec: TuneSpec, unit: str, command: list[str], resources: Resources) -> JobSpec:
     return JobSpec(name=f"{spec.name}-{unit}"[:63], tenant=spec.tenant, command=command,
                    resources=resources, priority=spec.priority,
@@ -110,7 +125,7 @@ def _job(spec: TuneSpec, unit: str, command: list[str], resources: Resources) ->
 def tracker_job(spec: TuneSpec) -> JobSpec:
     return _job(spec, "tracker",
                 [PYTHON, "-m", "plinth.tune.tracker", "--addr-file", tracker_file(spec)],
-                Resources(cpus=0.1, memory=TRACKER_MIB))
+                Resources(cpus=0, memory=TRACKER_MIB))  # no CPU: see the module's docstring
 
 
 def server_job(spec: TuneSpec, share: float, name: str) -> JobSpec:

@@ -20,10 +20,13 @@ that one TVM cannot import is refused at submission, naming the operator it lack
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Annotated, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
+from plinth.core.spec import beside
 from plinth.tune.target import gpu_count
 
 # Whether reading a spec imports its model through TVM (user code). The control plane sets it
@@ -58,6 +61,11 @@ class TuneSpec(BaseModel):
     db: str = Field("tune-db", min_length=1)
     # Last, so that its (slow) import check runs only once every other field is valid.
     model: str = Field(pattern=_MODEL)
+
+    def submitted(self, base: Path | None) -> TuneSpec:
+        """The database where you submit from; a `.pt2` model beside the spec, absolute."""
+        return self.model_copy(update={"db": os.path.abspath(self.db),
+                                       "model": beside(base, self.model)})
 
     @field_validator("target")
     @classmethod
