@@ -80,9 +80,9 @@ def test_an_fl_task_survives_its_control_plane_and_server_being_killed(tmp_path,
         wait_for(lambda: c.workload("digits-fl")["state"] != "active", 300, "the task to end")
         done = c.workload("digits-fl")
         assert done["state"] == "succeeded", done
-        rounds = [r for r, _ in done["status"]["accuracy"]]
+        rounds = [r["round"] for r in done["status"]["per_round"]]
         assert rounds == list(range(1, ROUNDS + 1)), rounds  # each round once, none redone
-        assert done["status"]["accuracy"][-1][1] > 0.5 and at < ROUNDS
+        assert done["status"]["per_round"][-1]["accuracy"] > 0.5 and at < ROUNDS
         show = cli(p, "show", "digits-fl")
         assert f"round {ROUNDS} of {ROUNDS}" in show.stdout and "accuracy per round" in show.stdout
         for proc in clients:

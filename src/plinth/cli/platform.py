@@ -303,7 +303,7 @@ def fl_table(ws: list[dict]) -> Table:
             "ROUND", "ACCURACY", "CLIENTS", "FAILED", "EPSILON") else "left")
     for w in ws:
         st = w["status"]
-        acc = (st.get("accuracy") or [[None, None]])[-1][1]
+        acc = (st.get("per_round") or [{"accuracy": None}])[-1]["accuracy"]
         t.add_row(w["name"], w["tenant"], w["state"], f"{st.get('round', 0)}/{st.get('rounds')}",
                   "-" if acc is None else f"{acc:.4f}", str(st.get("participants", "-")),
                   str(st.get("failures", "-")),
@@ -365,13 +365,13 @@ def show_workload(w: dict) -> None:
         if st.get("epsilon") is not None:
             console.print(f"privacy: ε {st.pop('epsilon'):.3g} spent of "
                           f"{st.pop('epsilon_budget', None) or '?'}", highlight=False)
-        acc = st.pop("accuracy", [])
-        if acc:
+        per_round = st.pop("per_round", [])
+        if per_round:
             console.print("accuracy per round: " + ", ".join(
-                f"{r}: {a:.4f}" if a is not None else f"{r}: -" for r, a in acc), highlight=False)
+                f"{r['round']}: -" if r["accuracy"] is None else f"{r['round']}: {r['accuracy']:.4f}"
+                for r in per_round), highlight=False)
         st.pop("failed_server_job", None)
-        st.pop("per_round", None)
-    for key in ("router_port", "decided_at", "decisions"):
+    for key in ("router_port", "decided_at", "decisions", "units_told"):
         st.pop(key, None)
     if st:
         console.print("status: " + ", ".join(f"{k} {v}" for k, v in st.items()),

@@ -150,9 +150,9 @@ def quickstart(
             failed |= ok == 0 or bool(lost)
             for t in fl_clients:
                 t.join(60)
-            acc = (fl["status"].get("accuracy") or [[0, None]])[-1]
+            last = (fl["status"].get("per_round") or [{"accuracy": None}])[-1]
             console.print(f"[bold]FL task {fl['name']}[/]: {fl['state']} after round "
-                          f"{fl['status'].get('round', 0)}, accuracy {acc[1]}",
+                          f"{fl['status'].get('round', 0)}, accuracy {last['accuracy']}",
                           highlight=False)
             failed |= fl["state"] != "succeeded"
             console.print()

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("plinth.control")
 RECONCILE_EVERY_S = 1.0
+TOLD = "units_told"  # status key: unit -> the id of its last ended job the controller was told of
 
 
 class Workloads:
@@ -41,7 +42,6 @@ class Workloads:
         self.job_unit: dict[int, tuple[int, str]] = {}  # job -> (workload, unit)
         self.ended_jobs: dict[int, State] = {}  # unit jobs that have ended, and how
         self._dirty: set[int] = set()
-        self._told: set[int] = set()  # ended unit jobs the controller has been told of
         self._next = 0.0
 
     def controller(self, kind: str) -> Any:
@@ -175,10 +175,16 @@ class Workloads:
     def reconcile(self, w: Workload, now: float) -> None:
         ctl = self.controller(w.kind)
         observed = self.observed(w)
-        for unit, o in observed.items():  # tell the controller once per ended job
-            if o.state.terminal and o.job_id in self.ended_jobs and o.job_id not in self._told:
-                self._told.add(o.job_id)
-                getattr(ctl, "unit_ended", lambda *_: None)(w, unit)
+        # Tell the controller once per ended job, across restarts: the last job told of, per
+        # unit, is kept in the workload's status and stored with what the controller changed.
+        told = w.status.setdefault(TOLD, {})
+        ended = [u for u, o in observed.items() if o.state.terminal and
+                 o.job_id in self.ended_jobs and told.get(u) != o.job_id]
+        for unit in ended:
+            told[unit] = observed[unit].job_id
+            getattr(ctl, "unit_ended", lambda *_: None)(w, unit)
+        if ended:
+            self.cp.store.update_workload(w.id, status=w.status)
         add, drop = reconcile(ctl.units(w, observed, now), observed)
         for job_id in drop:
             try:
