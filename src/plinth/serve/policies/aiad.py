@@ -15,7 +15,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from plinth.serve.policies.base import TICK_S, fit_quota, look_back, no_drop, starting, streaks
+from plinth.serve.policies.base import (
+    DelayedState,
+    delayed,
+    fit_quota,
+    no_drop,
+    starting,
+)
 from plinth.serve.types import Decision, Snapshot
 
 
@@ -46,12 +52,6 @@ class Aiad:
         return Decision(granted, no_drop(snap.n), reason), calm
 
 
-@dataclass(slots=True)
-class AiadFaroState:
-    recent: tuple[np.ndarray, ...]
-    count: np.ndarray
-
-
 @dataclass(frozen=True, slots=True)
 class AiadFaro:
     """AIAD as Faro runs it: 30 s mean latency, +1 after 30 s over, −1 after 600 s under."""
@@ -61,19 +61,15 @@ class AiadFaro:
     downscale_delay_s: float = 600.0
     name: str = "aiad-faro"
 
-    def initial_state(self, n_jobs: int) -> AiadFaroState:
-        return AiadFaroState((), np.zeros(n_jobs, np.int64))
+    def initial_state(self, n_jobs: int) -> DelayedState:
+        return DelayedState.initial(n_jobs)
 
-    def decide(self, snap: Snapshot, state: AiadFaroState) -> tuple[Decision | None,
-                                                                  AiadFaroState]:
-        lat, recent = look_back(state.recent, snap, max(1, round(self.look_back_s / TICK_S)))
-        count = streaks(state.count, lat > snap.slo_s)
-        up = count >= self.upscale_delay_s // TICK_S
-        down = -count >= self.downscale_delay_s // TICK_S
-        count = np.where(up | down, 0, count)
+    def decide(self, snap: Snapshot, state: DelayedState) -> tuple[Decision | None,
+                                                                 DelayedState]:
+        _, up, down, new = delayed(snap, state, self.look_back_s, self.upscale_delay_s,
+                                   self.downscale_delay_s)
         act = ~starting(snap)
         target = snap.replicas + (up & act) - (down & act)
-        new = AiadFaroState(recent, count)
         granted = fit_quota(snap.replicas, target, snap.quota)
         if np.array_equal(granted, snap.replicas):
             return None, new

@@ -7,6 +7,7 @@ itself, so one policy object can drive any number of runs and tests can replay i
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
@@ -90,6 +91,29 @@ def look_back(recent: tuple[np.ndarray, ...], snap: Snapshot,
 def streaks(count: np.ndarray, over: np.ndarray) -> np.ndarray:
     """Faro's up/down counters: +k after k ticks in a row over the target, −k after k under."""
     return np.where(over, np.where(count < 0, 1, count + 1), np.where(count > 0, -1, count - 1))
+
+
+@dataclass(slots=True)
+class DelayedState:
+    """What Faro's delayed policies (AIAD as Faro runs it, Oneshot) keep between ticks."""
+
+    recent: tuple[np.ndarray, ...]  # the look-back's (arrivals, mean latency) rows
+    count: np.ndarray  # +k: k ticks in a row over the SLO; −k: k at or under it
+
+    @classmethod
+    def initial(cls, n_jobs: int) -> DelayedState:
+        return cls((), np.zeros(n_jobs, np.int64))
+
+
+def delayed(snap: Snapshot, state: DelayedState, look_back_s: float, upscale_delay_s: float,
+            downscale_delay_s: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, DelayedState]:
+    """One tick of Faro's delays: (mean latency over the look-back, jobs due to go up, jobs
+    due to go down, the next state). A job's streak restarts once it is due."""
+    lat, recent = look_back(state.recent, snap, max(1, round(look_back_s / TICK_S)))
+    count = streaks(state.count, lat > snap.slo_s)
+    up = count >= upscale_delay_s // TICK_S
+    down = -count >= downscale_delay_s // TICK_S
+    return lat, up, down, DelayedState(recent, np.where(up | down, 0, count))
 
 
 def starting(snap: Snapshot) -> np.ndarray:

@@ -19,14 +19,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from plinth.serve.policies.base import TICK_S, fit_quota, look_back, no_drop, starting, streaks
+from plinth.serve.policies.base import TICK_S, DelayedState, delayed, fit_quota, no_drop, starting
 from plinth.serve.types import Decision, Snapshot
-
-
-@dataclass(slots=True)
-class OneshotState:
-    recent: tuple[np.ndarray, ...]  # the look-back's (arrivals, mean latency) rows
-    count: np.ndarray  # +k: k ticks in a row over the SLO; −k: k at or under it
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,20 +32,16 @@ class Oneshot:
     downscale_delay_s: float = 600.0
     name: str = "oneshot"
 
-    def initial_state(self, n_jobs: int) -> OneshotState:
-        return OneshotState((), np.zeros(n_jobs, np.int64))
+    def initial_state(self, n_jobs: int) -> DelayedState:
+        return DelayedState.initial(n_jobs)
 
-    def decide(self, snap: Snapshot, state: OneshotState) -> tuple[Decision | None, OneshotState]:
-        lat, recent = look_back(state.recent, snap, max(1, round(self.look_back_s / TICK_S)))
-        count = streaks(state.count, lat > snap.slo_s)
-        up = count >= self.upscale_delay_s // TICK_S
-        down = -count >= self.downscale_delay_s // TICK_S
+    def decide(self, snap: Snapshot, state: DelayedState) -> tuple[Decision | None, DelayedState]:
+        lat, up, down, new = delayed(snap, state, self.look_back_s, self.upscale_delay_s,
+                                     self.downscale_delay_s)
         act = (up | down) & ~starting(snap)
-        count = np.where(up | down, 0, count)
         factor = lat / snap.slo_s
         want = np.maximum(np.ceil(snap.replicas * factor - 1e-9), 1).astype(np.int64)
         target = np.where(act, want, snap.replicas)
-        new = OneshotState(recent, count)
         granted = fit_quota(snap.replicas, target, snap.quota)
         if np.array_equal(granted, snap.replicas):
             return None, new
