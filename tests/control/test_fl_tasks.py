@@ -108,3 +108,58 @@ def test_an_fl_task_without_client_tokens_is_refused(tmp_path, shared_platform) 
     out = cli(shared_platform, "submit", str(spec))
     assert "transport.tokens: no such file" in out.stderr
     assert all(w["name"] != "digits-fl" for w in shared_platform.client().workloads(all=True))
+
+
+def test_a_tree_tasks_leaf_aggregators_are_units_on_the_servers_node(tmp_path, wait_for):
+    """`server.aggregation.mode: tree`: the leaves are unit jobs the scheduler places, pinned
+    to the server's node (two fake nodes here, so a leaf placed anywhere else would show), and
+    the server folds every round through them."""
+    rounds = 3
+    spec = app(tmp_path)
+    doc = yaml.safe_load(spec.read_text())
+    doc["server"] |= {"rounds": rounds, "aggregation": {"mode": "tree", "max_leaves": 2}}
+    spec.write_text(yaml.safe_dump(doc))
+    p = Platform(tmp_path / "home", "--fake-gpus", "1xA100,1xV100").start()
+    clients: list[subprocess.Popen] = []
+    try:
+        out = cli(p, "submit", str(spec))
+        assert out.returncode == 0, out.stderr
+        c = p.client()
+        address = c.workload("digits-fl")["status"]["address"]
+        tokens = (tmp_path / "tokens.txt").read_text().split("\n")
+        for i in range(2):
+            clients.append(subprocess.Popen(
+                [sys.executable, "-m", "plinth.cli.main", "fl", "client", str(spec), "--server",
+                 address, "--cid", str(i), "--token", tokens[i].split()[1]],
+                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                env={**os.environ, "OMP_NUM_THREADS": "1"}))
+        def node_of(job_id: int) -> str:
+            return c.job(job_id)["allocation"]["slots"][0]["node_name"]
+
+        leaves_seen: dict[str, str] = {}
+
+        def leaves_placed() -> bool:
+            w = c.workload("digits-fl")
+            for u in w["units"]:
+                if u["unit"].startswith("leaf-") and c.job(u["job_id"])["allocation"]:
+                    leaves_seen[u["unit"]] = node_of(u["job_id"])
+            return bool(leaves_seen)
+
+        wait_for(leaves_placed, 120, "a leaf unit to be placed")
+        server = next(u for u in c.workload("digits-fl")["units"] if u["unit"] == "server")
+        assert set(leaves_seen.values()) == {node_of(server["job_id"])}, leaves_seen
+        wait_for(lambda: c.workload("digits-fl")["state"] != "active", 300, "the task to end")
+        done = c.workload("digits-fl")
+        assert done["state"] == "succeeded", done
+        per_round = done["status"]["per_round"]
+        assert [r["round"] for r in per_round] == list(range(1, rounds + 1))
+        assert all(r["leaves"] and r["leaves"] >= 1 for r in per_round), per_round
+        assert all(u["state"] not in ("running", "pending") for u in done["units"]), done["units"]
+        for proc in clients:
+            proc.wait(120)
+    finally:
+        for proc in clients:
+            if proc.poll() is None:
+                proc.kill()
+        p.stop()
+        p.kill_jobs()

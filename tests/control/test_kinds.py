@@ -37,8 +37,25 @@ def test_bad_units_are_one_line_errors():
     s = spec()
     with pytest.raises(SpecError, match=r"names must be unique"):
         reconcile([Unit("a", s), Unit("a", s)], {})
-    with pytest.raises(SpecError, match=r"units\[leaf-0\]\.colocate_with: .*'root'"):
+    with pytest.raises(SpecError, match=r"units\[leaf-0\]\.colocate_with: 'root' is not "
+                                        r"another unit"):
         reconcile([Unit("leaf-0", s, colocate_with="root")], {})
+
+
+def test_a_colocated_unit_waits_for_its_partner_then_is_pinned_to_its_node() -> None:
+    s = spec()
+    server, leaf = Unit("server", s), Unit("leaf-0", s, colocate_with="server")
+    add, drop = reconcile([server, leaf], {})
+    assert [u.name for u in add] == ["server"] and not drop  # the leaf waits
+    pending = {"server": Observed("server", 1, State.PENDING)}
+    assert [u.name for u in reconcile([server, leaf], pending)[0]] == []
+    running = {"server": Observed("server", 1, State.RUNNING, node="n1")}
+    (pinned,), _ = reconcile([server, leaf], running)
+    assert pinned.name == "leaf-0" and pinned.spec.nodelist == ["n1"]
+    assert pinned.spec.request().nodes == ("n1",)
+    moved = {"server": Observed("server", 3, State.RUNNING, node="n2"),
+             "leaf-0": Observed("leaf-0", 2, State.RUNNING, node="n1")}
+    assert reconcile([server, leaf], moved) == ([], [2])  # off its partner's node: replaced
 
 
 def test_kinds_the_control_plane_does_not_run_name_their_command():

@@ -60,6 +60,10 @@ def _wait(cond, what: str, timeout: float = 30.0) -> None:
         time.sleep(0.05)
 
 
+def _row(store: Store, wid: int) -> dict:
+    return next(r for r in store.workloads() if r["id"] == wid)
+
+
 def test_a_controller_is_told_of_an_ended_unit_once_across_a_restart(tmp_path,
                                                                       once_kind) -> None:
     store = Store(str(tmp_path / "plinth.db"))
@@ -67,8 +71,7 @@ def test_a_controller_is_told_of_an_ended_unit_once_across_a_restart(tmp_path,
     cp = _plane(tmp_path, store)
     try:
         wid = cp.workloads.submit(OnceSpec(), "default").id
-        row = lambda: next(r for r in store.workloads() if r["id"] == wid)  # noqa: E731
-        _wait(lambda: row()["status"].get("ends") == 1, "the unit's end to be told")
+        _wait(lambda: _row(store, wid)["status"].get("ends") == 1, "the unit's end to be told")
     finally:
         cp.close()
     cp = _plane(tmp_path, store)  # the unit's job is in the store, ended
@@ -76,7 +79,7 @@ def test_a_controller_is_told_of_an_ended_unit_once_across_a_restart(tmp_path,
         assert wid in cp.workloads.active
         time.sleep(3 * 1.0)  # three reconciles (RECONCILE_EVERY_S)
         assert cp.workloads.active[wid].status["ends"] == 1
-        assert row()["status"]["ends"] == 1
+        assert _row(store, wid)["status"]["ends"] == 1
         assert [j["state"] for j in store.units(wid)] == ["succeeded"]  # not replaced
     finally:
         cp.close()

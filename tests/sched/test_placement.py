@@ -165,3 +165,31 @@ def test_freed_whole_refuses_gpu_shares():
     freed = FreedWhole(s)
     assert freed.add(whole) and not freed.add(share)
     assert freed.fits(Request(gpus=1)) and not freed.fits(Request(gpus=2))
+
+
+def test_a_request_pinned_to_nodes_runs_only_there():
+    """`nodes` (a job's `nodelist`): every worker on a named node, whatever the best fit
+    elsewhere would be; no room there is no placement, and the state is untouched."""
+    c = cluster(n=3, gpus=4)
+    s = ClusterState(c)
+    place_and_allocate(s, Request(gpus=1, workers=3))  # best fit would now be node 0
+    for req in (Request(cpus_milli=1000, nodes=("n2",)),
+                Request(gpu_milli=250, gpu_memory_mib=1024, nodes=("n2",)),
+                Request(gpus=2, workers=2, nodes=("n2",)),
+                Request(gpus=1, workers=2, nodes=("n1", "n2"))):
+        a = place(s, req)
+        assert a is not None and set(a.nodes) <= {c.node_index[n] for n in req.nodes}, req
+        assert placeable(s, req)
+    a = place_and_allocate(s, Request(gpus=1, workers=2, nodes=("n1", "n2")))
+    assert a.nodes == (1,), "the first named node with room takes every worker it can"
+    before = s.gpu_free_milli.copy()
+    full = Request(gpus=4, nodes=("n1",))  # n1 has 2 of its 4 GPUs left
+    assert place(s, full) is None and not placeable(s, full)
+    assert (s.gpu_free_milli == before).all()
+    s.check()
+
+
+def test_a_request_pinned_to_an_unknown_node_never_fits():
+    assert never_fits(cluster(n=2), Request(cpus_milli=1, nodes=("n9",))) == \
+        "no node named 'n9' in the cluster"
+    assert never_fits(cluster(n=2), Request(gpus=1, nodes=("n1",))) is None

@@ -23,8 +23,8 @@ live unit that is no longer wanted. The kinds map onto this as follows:
 - `Tune`: an RPC tracker, tuning servers on GPU (or CPU) shares, and the clients that search
   and build, sharded by task (`plinth.tune.controller`).
 
-Until the scheduler places by `colocate_with`, `reconcile` refuses a unit that asks for it, in
-one line, rather than placing it anywhere.
+A unit that names `colocate_with` is submitted once its partner is placed, pinned to the
+partner's node (the job's `nodelist`, which the scheduler honours as Slurm's `--nodelist`).
 """
 
 from __future__ import annotations
@@ -55,6 +55,7 @@ class Observed:
     name: str
     job_id: int
     state: State
+    node: str | None = None  # where its job runs, once it is placed
 
 
 @dataclass(slots=True)
@@ -100,17 +101,34 @@ def check_kind(spec: object) -> str:
 def reconcile(wanted: Iterable[Unit], observed: Mapping[str, Observed]
               ) -> tuple[list[Unit], list[int]]:
     """What to submit (wanted, and not there or ended: a replacement) and which jobs to cancel
-    (live, not wanted), in a stable order."""
+    (live, not wanted), in a stable order.
+
+    A unit that names `colocate_with` is submitted pinned to the node its partner runs on
+    (`nodelist`), once the partner is placed; until then it waits. A live one that is not on
+    its partner's node (the partner was replaced elsewhere) is cancelled, to be replaced."""
     wanted = list(wanted)
     names = [u.name for u in wanted]
     if len(names) != len(set(names)):
         raise SpecError(f"units: names must be unique within a workload, got {names}")
-    for u in wanted:
-        if u.colocate_with is not None:
-            raise SpecError(f"units[{u.name}].colocate_with: placement on the node of "
-                            f"{u.colocate_with!r} is not supported by the scheduler yet")
-    add = [u for u in wanted if u.name not in observed or observed[u.name].state.terminal]
     keep = set(names)
-    drop = [o.job_id for name, o in sorted(observed.items())
-            if name not in keep and not o.state.terminal]
+    add, drop = [], []
+    for u in wanted:
+        o = observed.get(u.name)
+        if u.colocate_with is None:
+            if o is None or o.state.terminal:
+                add.append(u)
+            continue
+        if u.colocate_with not in keep or u.colocate_with == u.name:
+            raise SpecError(f"units[{u.name}].colocate_with: {u.colocate_with!r} is not "
+                            f"another unit of the workload")
+        partner = observed.get(u.colocate_with)
+        node = partner.node if partner is not None and not partner.state.terminal else None
+        if o is not None and not o.state.terminal:
+            if node is not None and o.node is not None and o.node != node:
+                drop.append(o.job_id)
+        elif node is not None:
+            add.append(Unit(u.name, u.spec.model_copy(update={"nodelist": [node]}),
+                            u.colocate_with))
+    drop += [o.job_id for name, o in sorted(observed.items())
+             if name not in keep and not o.state.terminal]
     return add, drop

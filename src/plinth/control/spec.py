@@ -182,6 +182,10 @@ class JobSpec(BaseModel):
     retries: int = Field(0, ge=0, le=100)
     checkpoint_dir: str | None = None
     placement: Placement | None = None
+    # Run only on these nodes, by name (Slurm's --nodelist). The platform sets it for a unit
+    # that must share a node with another unit of its workload.
+    nodelist: list[Annotated[str, Field(min_length=1, max_length=253)]] = Field(
+        default_factory=list, max_length=64)
     # Dependencies, as Slurm's --dependency: start after these jobs have started (after), ended
     # (afterany), succeeded (afterok) or ended without success (afternotok).
     after: list[JobRef] = Field(default_factory=list, max_length=MAX_DEPENDENCIES)
@@ -274,7 +278,8 @@ class JobSpec(BaseModel):
         whole = r.gpus + (1 if milli >= MILLI else 0)
         return Request(gpus=whole, gpu_milli=milli if milli < MILLI else 0,
                        gpu_memory_mib=r.gpu_memory or 0, cpus_milli=round(r.cpus * MILLI),
-                       memory_mib=r.memory, workers=self.workers, gpu_models=tuple(r.gpu_model))
+                       memory_mib=r.memory, workers=self.workers, gpu_models=tuple(r.gpu_model),
+                       nodes=tuple(self.nodelist))
 
 
 def job_to_run(spec: BaseModel, source: str = "spec") -> JobSpec:

@@ -165,11 +165,13 @@ class Workloads:
     def observed(self, w: Workload) -> dict[str, Observed]:
         out = {}
         for unit, job_id in self.unit_jobs.get(w.id, {}).items():
-            state = self.ended_jobs.get(job_id)
+            state, node = self.ended_jobs.get(job_id), None
             if state is None:
                 js = self.cp.owner.jobs.get(job_id)
                 state = js.status if js is not None else State.PENDING  # held, or incoming
-            out[unit] = Observed(unit, job_id, state)
+                if js is not None and js.allocation is not None and js.allocation.slots:
+                    node = self.cp.cluster.nodes[js.allocation.slots[0].node].name
+            out[unit] = Observed(unit, job_id, state, node)
         return out
 
     def reconcile(self, w: Workload, now: float) -> None:

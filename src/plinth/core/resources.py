@@ -51,6 +51,7 @@ class Request:
     workers: int = 1
     gpu_models: tuple[str, ...] = ()  # allowed models; empty means any
     preferred_gpu_model: str | None = None
+    nodes: tuple[str, ...] = ()  # the nodes it may run on, by name (Slurm's --nodelist); any
 
     def __post_init__(self) -> None:
         if self.gpu_milli == MILLI and self.gpus == 0:
@@ -124,6 +125,10 @@ class Cluster:
         if len(set(names)) != len(names):
             dup = next(n for n in names if names.count(n) > 1)
             raise SpecError(f"cluster {self.name}: node name {dup!r} appears twice")
+
+    @cached_property
+    def node_index(self) -> dict[str, int]:
+        return {n.name: i for i, n in enumerate(self.nodes)}
 
     @cached_property
     def total_gpus(self) -> int:

@@ -9,6 +9,13 @@ the same across the jobs that replace it, so a server that dies, or is lost with
 started again with `--resume` and goes on from its last round; after `kill -9` of the control
 plane a running server is re-adopted as any job.
 
+With `server.aggregation.mode: tree` (and no `leaf_listen` of the user's own), the tree's leaf
+aggregators are units too: `leaf-0..N-1`, each `plinth fl leaf` joining the server on loopback
+with a token the controller writes into the task's folder. They are placed on the server's node
+(`colocate_with`), as LIFL places leaves beside the aggregator they feed, so their updates pass
+through shared memory. The server sizes the tree each round (`size_tree`, published in its
+`tree.json`); the controller keeps that many leaf units and one warm spare, up to `max_leaves`.
+
 Each second the controller reads the rounds the server has committed (its checkpoint's
 `meta.sqlite`) into the task's status: the round, accuracy per round, participants, failures
 and the privacy budget spent, which `plinth show TASK` prints. The task succeeds when its
@@ -19,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import sqlite3
 import sys
 from collections.abc import Mapping
@@ -28,13 +36,15 @@ from typing import Any
 import yaml
 
 from plinth.control.kinds import Observed, Unit, Workload
-from plinth.control.spec import JobSpec
+from plinth.control.spec import JobSpec, Resources
 from plinth.core.errors import SpecError
 from plinth.core.net import free_port
 from plinth.sched.lifecycle import State
 
 MAX_RESTARTS = 3
 RECENT_ROUNDS = 50  # accuracy per round kept in the status (the checkpoint has them all)
+WARM_LEAVES = 1  # leaf units kept beyond the round's tree, ready for the next
+LEAF = Resources(cpus=0.25, memory=512)  # per leaf aggregator unit: LIFL packs them by CPU
 
 
 class FLTaskController:
@@ -76,9 +86,18 @@ class FLTaskController:
             t["tls"] = {k: w.spec.resolve(v) for k, v in t["tls"].items()}
         if doc.get("consent"):
             doc["consent"]["registry"] = w.spec.resolve(doc["consent"]["registry"])
+        owner = self._dir(w).stat()
+        if self._leaves(w):  # the tree's leaves are this task's units: they join here
+            token = self._dir(w) / "leaf.token"
+            if not token.exists():
+                token.write_text(secrets.token_urlsafe(32))
+                token.chmod(0o600)
+                os.chown(token, owner.st_uid, owner.st_gid)
+            w.status.setdefault("leaf_address", f"127.0.0.1:{free_port('127.0.0.1')}")
+            doc["server"]["aggregation"] |= {"leaf_listen": w.status["leaf_address"],
+                                             "leaf_token_file": str(token)}
         app = self._dir(w) / "app.yaml"
         app.write_text(yaml.safe_dump(doc, sort_keys=False))
-        owner = self._dir(w).stat()
         os.chown(app, owner.st_uid, owner.st_gid)
         w.status.setdefault("round", 0)
         w.status.setdefault("rounds", w.spec.server.rounds)
@@ -101,7 +120,35 @@ class FLTaskController:
         spec = JobSpec(name=f"{w.name}.server", tenant=w.tenant, command=command,
                        resources=w.spec.resources, priority=w.spec.priority,
                        preemptible=False, env={"OMP_NUM_THREADS": "1"})
-        return [Unit("server", spec)]
+        out = [Unit("server", spec)]
+        if self._leaves(w) and (server is None or not server.state.terminal):
+            leaf = [sys.executable, "-m", "plinth.cli.main", "fl", "leaf", "--connect",
+                    w.status["leaf_address"], "--token-file", str(d / "leaf.token")]
+            out += [Unit(f"leaf-{k}", JobSpec(name=f"{w.name}.leaf-{k}", tenant=w.tenant,
+                                              command=leaf, resources=LEAF,
+                                              priority=w.spec.priority, preemptible=False,
+                                              env={"OMP_NUM_THREADS": "1"}),
+                         colocate_with="server")
+                    for k in range(self._leaf_units(w))]
+        return out
+
+    @staticmethod
+    def _leaves(w: Workload) -> bool:
+        """Whether the task's tree leaves are its own units."""
+        agg = w.spec.server.aggregation
+        return agg.mode == "tree" and agg.leaf_listen is None
+
+    def _leaf_units(self, w: Workload) -> int:
+        """The round's tree (the server's `tree.json`) and a warm spare, at most max_leaves;
+        before the first round, the tree's first size and the spare."""
+        agg = w.spec.server.aggregation
+        try:
+            shape = json.loads((self._dir(w) / "server" / "tree.json").read_text())
+            want = int(shape["leaves"])
+        except (OSError, ValueError, KeyError, TypeError):
+            want = 1 if agg.leaves == "auto" else agg.leaves
+        w.status["tree_leaves"] = want
+        return min(agg.max_leaves, want + WARM_LEAVES)
 
     def finished(self, w: Workload, observed: Mapping[str, Observed]) -> str | None:
         server = observed.get("server")
@@ -128,26 +175,26 @@ class FLTaskController:
             return False
         if not rows:
             return False
-        acc = w.status.setdefault("accuracy", [])
         per_round = w.status.setdefault("per_round", [])
         for rnd, text in rows:
             rec = json.loads(text)
-            acc.append([rnd, rec.get("accuracy")])
             metrics = rec.get("metrics") or {}
             clients, failed = len(rec.get("clients") or []), len(rec.get("failures") or [])
+            # central DP's ε, else local DP's (per client, against the server)
+            eps = next((metrics[k] for k in ("epsilon", "dp_epsilon", "local_epsilon")
+                        if k in metrics), None)
             per_round.append({"round": rnd, "accuracy": rec.get("accuracy"),
                               "loss": rec.get("loss"), "participants": clients,
                               "failures": failed, "seconds": rec.get("seconds"),
-                              "leaves": metrics.get("leaves")})
+                              "leaves": metrics.get("leaves"), "epsilon": eps})
             w.status.update(round=rnd, participants=clients, updates=rec.get("updates"),
                             failures=failed)
             self.cp.metrics.fl_round(w.name, seconds=float(rec.get("seconds") or 0.0),
                                      updates=int(rec.get("updates") or 0), failures=failed)
-            eps = next((metrics[k] for k in ("epsilon", "dp_epsilon") if k in metrics), None)
             if eps is not None:
                 w.status["epsilon"] = eps
-        del acc[:-RECENT_ROUNDS]
         del per_round[:-RECENT_ROUNDS]
-        if w.spec.privacy.dp is not None:
-            w.status["epsilon_budget"] = getattr(w.spec.privacy.dp, "epsilon", None)
+        dp = w.spec.privacy.dp or w.spec.privacy.local_dp
+        if dp is not None:
+            w.status["epsilon_budget"] = dp.epsilon_budget
         return True

@@ -48,7 +48,9 @@ def place(state: ClusterState, req: Request, cfg: PlacementConfig = DEFAULT_PLAC
     if models is None and state.known_unplaceable(req):
         return None
     cluster = state.cluster
-    if cfg.fractional == "fgd" and cfg.profile is not None and req.workers == 1:
+    if req.nodes:
+        alloc = _place_pinned(state, req)
+    elif cfg.fractional == "fgd" and cfg.profile is not None and req.workers == 1:
         # FGD hook: a single pod (fractional, whole-GPU or CPU-only) is scored against every
         # allowed model's nodes at once, so FGD also picks the node type (see plinth.sched.fgd).
         from plinth.sched.fgd import place_pod
@@ -79,7 +81,7 @@ def placeable(state: ClusterState, req: Request, cfg: PlacementConfig = DEFAULT_
 
     Victim searches ask this after every release; for whole-GPU gangs it is a count over the
     bucket index instead of a placement (other shapes are placed and the result dropped)."""
-    if req.fractional or (req.gpus == 0 and req.gpu_milli == 0) or (
+    if req.nodes or req.fractional or (req.gpus == 0 and req.gpu_milli == 0) or (
             cfg.fractional == "fgd" and cfg.profile is not None and req.workers == 1):
         return place(state, req, cfg) is not None
     if state.known_unplaceable(req):
@@ -120,7 +122,7 @@ class FreedWhole:
     @staticmethod
     def countable(req: Request, cfg: PlacementConfig) -> bool:
         """Whether `fits` answers for `req` (else ask `placeable` on a released copy)."""
-        return (req.gpus > 0 and not req.cpus_milli and not req.memory_mib
+        return (req.gpus > 0 and not req.cpus_milli and not req.memory_mib and not req.nodes
                 and not (cfg.fractional == "fgd" and cfg.profile is not None
                          and req.workers == 1))
 
@@ -165,6 +167,9 @@ def never_fits(cluster: Cluster, req: Request) -> str | None:
     """Why `req` cannot run even on the empty cluster, or None if it can."""
     from plinth.sched.state import ClusterState
 
+    unknown = [n for n in req.nodes if n not in cluster.node_index]
+    if unknown:
+        return f"no node named {unknown[0]!r} in the cluster"
     models = [m for m in cluster.models if req.allows(m)]
     if (req.gpus or req.gpu_milli) and not models:
         return f"no GPU of an allowed model {list(req.gpu_models)} in the cluster"
@@ -355,3 +360,42 @@ def _place_cpu_only(state: ClusterState, req: Request) -> Allocation | None:
         work.allocate(Allocation((slot,)), req)
         slots.append(slot)
     return Allocation(tuple(slots))
+
+
+def _place_pinned(state: ClusterState, req: Request) -> Allocation | None:
+    """A request limited to named nodes (a unit that must share a node with another): each
+    worker on the first of them with room, best fit among the GPUs of that node."""
+    cluster = state.cluster
+    ids = [cluster.node_index[n] for n in req.nodes if n in cluster.node_index]
+    work = state if req.workers == 1 else state.copy()
+    slots = []
+    for _ in range(req.workers):
+        slot = next((s for n in ids if (s := _slot_on(work, req, n)) is not None), None)
+        if slot is None:
+            return None
+        slots.append(slot)
+        if req.workers > 1:
+            work.allocate(Allocation((slot,)), req)
+    return Allocation(tuple(slots))
+
+
+def _slot_on(state: ClusterState, req: Request, n: int) -> WorkerSlot | None:
+    """One worker of `req` on node `n`, or None if it has no room."""
+    if state.node_free_cpu[n] < req.cpus_milli or state.node_free_mem[n] < req.memory_mib:
+        return None
+    if not (req.gpus or req.gpu_milli):
+        return WorkerSlot(n, (), 0)
+    cluster = state.cluster
+    if not req.allows(cluster.nodes[n].gpu_model):
+        return None
+    if req.gpus:
+        gpus = _free_whole_gpus(state, n, req.gpus)
+        return WorkerSlot(n, tuple(gpus)) if len(gpus) == req.gpus else None
+    first, size = cluster.node_gpu_range[n]
+    cand = first + np.flatnonzero(state.gpu_free_milli[first:first + size] >= req.gpu_milli)
+    if req.gpu_memory_mib:
+        cand = cand[state.gpu_free_mem[cand] >= req.gpu_memory_mib]
+    if cand.size == 0:
+        return None
+    g = int(cand[np.argmin(state.gpu_free_milli[cand])])
+    return WorkerSlot(n, (g,), req.gpu_milli, req.gpu_memory_mib)

@@ -157,7 +157,8 @@ class Tiresias(Policy):
             if len(d.preempts) != preempts_seen:
                 floors.clear()
                 preempts_seen = len(d.preempts)
-            plain = req.gpus and not (req.cpus_milli or req.memory_mib or req.gpu_models)
+            plain = req.gpus and not (req.cpus_milli or req.memory_mib or req.gpu_models
+                                      or req.nodes)
             if plain:
                 floor = floors.get(req.gpus)
                 if floor is not None and floor[0] == 1 and req.gpus == 1 and \
