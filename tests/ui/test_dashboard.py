@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -22,6 +23,8 @@ from selenium.webdriver.support.ui import WebDriverWait
 from plinth.control.store import Store
 
 APPS = Path(__file__).parents[1] / "fl" / "apps"
+# what plinth.job.save_checkpoint reports after a save: the job's detail page shows the step
+CHECKPOINT = f"{sys.executable} -c 'from plinth.job import report_checkpoint; report_checkpoint(7)'"
 
 
 def spec(name: str, command: str, *, gpus: int = 0, fraction: float = 0.0,
@@ -58,8 +61,6 @@ def world(platform):
 
 
 def _until(cond, timeout: float = 30.0):
-    import time
-
     deadline = time.monotonic() + timeout
     while not (got := cond()):
         if time.monotonic() > deadline:
@@ -101,6 +102,17 @@ def job_ids(driver, table: str) -> list[int]:
             for r in driver.find_elements(By.CSS_SELECTOR, f"#{table} tr[data-job]")]
 
 
+def scrape(platform) -> dict[tuple[str, tuple], float]:
+    """/metrics, parsed by prometheus_client's own parser: (name, sorted labels) -> value."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    r = httpx.get(f"{platform.url}/metrics",
+                  headers={"Authorization": f"Bearer {platform.token}"})
+    assert r.status_code == 200, r.text
+    return {(x.name, tuple(sorted(x.labels.items()))): x.value
+            for fam in text_string_to_metric_families(r.text) for x in fam.samples}
+
+
 def test_sign_in_refuses_a_bad_token(platform, browser, shots) -> None:
     browser.delete_all_cookies()
     browser.get(f"{platform.url}/ui/queue")
@@ -130,6 +142,13 @@ def test_cluster_page_matches_the_api(platform, browser, world, shots) -> None:
     assert float(rows["alpha"].find_element(By.CLASS_NAME, "used").text) == 4.5
     assert int(rows["alpha"].find_element(By.CLASS_NAME, "pending").text) == 2
     assert float(rows["beta"].find_element(By.CLASS_NAME, "used").text) == 2.0
+    # No quotas configured: drf derives equal shares of the 8 GPUs for the 2 tenants it has
+    # seen; alpha holds 4.5 of its 4, as the reason the scheduler gave its fractional job says.
+    with platform.client() as admin:
+        assert "borrowing 0.5 GPUs" in admin.job(world["frac"])["reason"]
+    for name, quota, borrowed in (("alpha", 4.0, 0.5), ("beta", 4.0, 0.0), ("default", 0.0, 0.0)):
+        assert float(rows[name].find_element(By.CLASS_NAME, "quota").text) == quota, name
+        assert float(rows[name].find_element(By.CLASS_NAME, "borrowed").text) == borrowed, name
     # the fractional job's GPU: half its SMs and 8 GiB of its memory
     half = [c for c in browser.find_elements(By.CSS_SELECTOR, ".gpu")
             if c.get_attribute("data-sm") == "0.500"]
@@ -177,6 +196,7 @@ def test_job_detail_and_cancel(platform, browser, world, shots) -> None:
     assert cells[3].text == "0.5"
     assert json.loads(browser.find_element(By.ID, "spec").text)["name"] == "alpha-frac"
     wait(browser, lambda d: "hello-from-frac" in d.find_element(By.ID, "log-text").text)
+    assert browser.find_element(By.ID, "checkpoint").text == "none reported"
     shot(browser, shots, "job")
 
     browser.find_element(By.ID, "cancel").click()
@@ -196,6 +216,19 @@ def test_job_detail_and_cancel(platform, browser, world, shots) -> None:
     assert shown == [[e["kind"], e["message"]] for e in events]
     assert ["stop-cancel", "cancelled by the user"] in shown
     assert not browser.find_elements(By.ID, "cancel")
+
+
+def test_job_detail_shows_the_last_checkpoint(platform, browser) -> None:
+    # The admin's tenant runs as the server's user: a tenant of its own Unix user cannot reach
+    # this checkout's Python, nor a jobs folder under /tmp/pytest-of-root.
+    with platform.client() as admin:
+        j = admin.submit(spec("ckpt", CHECKPOINT + "; sleep 300"))
+        _until(lambda: admin.job(j)["checkpoint_step"] == 7)  # the runtime saw the marker
+        sign_in(browser, platform, platform.token)
+        browser.get(f"{platform.url}/ui/jobs/{j}")
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(admin.job(j)["checkpoint_time"]))
+        assert browser.find_element(By.ID, "checkpoint").text == f"step 7 at {when}"
+        admin.cancel(j)
 
 
 def test_a_tenant_sees_only_its_own_workloads(platform, browser, world, shots) -> None:
@@ -230,6 +263,19 @@ def test_a_tenant_sees_only_its_own_workloads(platform, browser, world, shots) -
     assert r.status_code == 403
     with platform.client() as admin:
         assert admin.job(world["hog"])["state"] == "running"
+
+
+def test_live_parts_poll_no_faster_than_once_a_second(platform, world) -> None:
+    import re
+
+    with httpx.Client(base_url=platform.url, cookies={"plinth_token": platform.token}) as http:
+        for path in ("/ui/cluster", "/ui/queue", f"/ui/jobs/{world['hog']}", "/ui/services",
+                     "/ui/fl"):
+            triggers = re.findall(r'hx-trigger="([^"]*)"', http.get(path).text)
+            assert triggers, path
+            for t in triggers:
+                m = re.fullmatch(r"every (\d+(?:\.\d+)?)s", t)
+                assert m and float(m.group(1)) >= 1, (path, t)
 
 
 def test_cancel_needs_the_dashboards_header(platform, world) -> None:
@@ -293,10 +339,16 @@ def test_simulations_page_shows_the_cli_results(platform, browser, shots, tmp_pa
 
 @pytest.mark.slow  # a real federated run: 3 rounds of 4 clients (about 20 s)
 def test_fl_page_shows_a_federated_run(platform, browser, shots, tmp_path) -> None:
+    import yaml
+
+    app = yaml.safe_load((APPS / "tiny.yaml").read_text())
+    app |= {"code": str(APPS / "tiny.py"),
+            "privacy": {"dp": {"noise_multiplier": 1.0, "epsilon_budget": 100}}}
+    (tmp_path / "dp.yaml").write_text(yaml.safe_dump(app))
     out = tmp_path / "fl.json"
     subprocess.run([sys.executable, "-m", "plinth.cli.main", "fl", "sim",
-                    str(APPS / "tiny.yaml"), "--clients", "4", "--rounds", "3", "--workers", "1",
-                    "--json", str(out)], check=True, capture_output=True)
+                    str(tmp_path / "dp.yaml"), "--clients", "4", "--rounds", "3", "--workers",
+                    "1", "--json", str(out)], check=True, capture_output=True)
     doc = json.loads(out.read_text())
     sign_in(browser, platform, platform.token)
     browser.get(f"{platform.url}/ui/fl")
@@ -307,38 +359,76 @@ def test_fl_page_shows_a_federated_run(platform, browser, shots, tmp_path) -> No
     for tr, r in zip(rows, doc["rounds"], strict=True):
         cells = [td.text for td in tr.find_elements(By.TAG_NAME, "td")]
         assert cells[0] == str(r["round"]) and cells[1] == f"{r['accuracy']:.4f}"
+        assert cells[2] == f"{r['loss']:.4f}" and cells[7] == f"{r['epsilon']:.3f}"
         assert cells[4] == str(len(r["clients"])) and cells[6] == str(r["failures"])
+    assert browser.find_element(By.ID, "epsilon").text == f"{doc['epsilon']:.4f}"
+    assert browser.find_element(By.ID, "epsilon-budget").text == "100"
+    assert 0 < doc["epsilon"] < 100 and doc["epsilon_budget"] == 100
     assert len(browser.find_elements(By.CSS_SELECTOR, "#fl img.plot")) == 2
     shot(browser, shots, "fl")
 
 
 def test_services_page_lists_a_tenants_services_live(platform, world, browser, shots) -> None:
+    # An SLO the router's own hop breaks (the model alone takes under 1 ms here), so that the
+    # autoscaler (aiad, a tick a second) scales up under a few requests and back down after.
     service = {"kind": "Service", "name": "digits", "model": "tiny-cnn",
-               "input_shape": [784], "slo_ms": 200,
+               "input_shape": [784], "slo_ms": 3,
                "resources": {"cpus": 0.1, "memory": "1Gi"}, "min_replicas": 1,
                "max_replicas": 2}
-    with platform.client(world["tokens"]["alpha"]) as a:
+    alpha = world["tokens"]["alpha"]
+    with platform.client(alpha) as a:
         w = a.submit_workload(service)
         _until(lambda: a.workload("digits")["status"].get("ready") == 1, 120)
-    sign_in(browser, platform, world["tokens"]["alpha"])
+    sign_in(browser, platform, alpha)
     browser.get(f"{platform.url}/ui/services")
-    row = browser.find_element(By.CSS_SELECTOR, '#services tr[data-service="digits"]')
+    sel = '#services tr[data-service="digits"]'
+    row = browser.find_element(By.CSS_SELECTOR, sel)
     assert row.find_element(By.CLASS_NAME, "replicas").text == "1 / 1"
-    assert w["status"]["url"] in row.text and "200 ms" in row.text
-    # Requests through the router show up on the page without a reload (htmx polls it).
+    assert w["status"]["url"] in row.text and "3 ms" in row.text
+    # Requests through the router show up on the page without a reload (htmx polls it), and
+    # so do the autoscaler's decisions with their reasons: up to 2 under load, then back to 1.
     for _ in range(20):
         httpx.post(w["status"]["url"], json={"inputs": [[0.0] * 784]}, timeout=30)
-    _until(lambda: "100.0%" in browser.find_element(
-        By.CSS_SELECTOR, '#services tr[data-service="digits"]').text, 30)
+    with platform.client(alpha) as a:
+        def calm() -> dict | None:
+            st = a.workload("digits")["status"]
+            done = [(d["from"], d["to"]) for d in st.get("decisions", [])][:2] == [(1, 2), (2, 1)]
+            return st if done and st["desired"] == st["ready"] == 1 else None
+        st = _until(calm, 120)
+    assert st["decisions"][0]["reason"].startswith("aiad: 1 over the SLO")
+
+    def page_agrees(d) -> bool:
+        r = d.find_element(By.CSS_SELECTOR, sel)
+        shown = [li.text for li in d.find_elements(By.CSS_SELECTOR, "#services ul.decisions li")]
+        return (r.find_element(By.CLASS_NAME, "replicas").text == "1 / 1"
+                and len(shown) == len(st["decisions"])
+                and all(f"{x['from']} → {x['to']}, {x['reason']}" in line for x, line in
+                        zip(reversed(st["decisions"]), shown, strict=True))
+                and f"{100 * st['slo_attainment']:.1f}%" in r.text
+                and d.find_element(By.CSS_SELECTOR, "#services div.reason").text
+                == f"why 1: {st['reason']}")
+
+    wait(browser, lambda d: settled(lambda: page_agrees(d)), 30)
     assert "replica-0" in browser.find_element(By.ID, "services").text
     assert settled(lambda: browser.find_element(  # replicas over time
-        By.CSS_SELECTOR, '#services tr[data-service="digits"] svg polyline'
-    ).get_attribute("points"))
+        By.CSS_SELECTOR, f"{sel} svg polyline").get_attribute("points"))
     shot(browser, shots, "services")
+    m = scrape(platform)
+    for state in ("desired", "ready"):
+        assert m[("plinth_service_replicas", (("service", "digits"), ("state", state)))] == 1
     sign_in(browser, platform, world["tokens"]["beta"])  # another tenant sees none of it
     browser.get(f"{platform.url}/ui/services")
     assert browser.find_elements(By.ID, "no-services")
-    with platform.client(world["tokens"]["alpha"]) as a:
+    with httpx.Client(base_url=platform.url, cookies={"plinth_token": world["tokens"]["beta"]}) \
+            as http:
+        for path in ("/ui/services", "/ui/services/live"):
+            r = http.get(path)
+            assert r.status_code == 200 and "digits" not in r.text and "alpha" not in r.text
+        with platform.client(alpha) as a:
+            units = [u["job_id"] for u in a.workload("digits")["units"]]
+        for j in units:
+            assert http.get(f"/ui/jobs/{j}").status_code == 404
+    with platform.client(alpha) as a:
         a.cancel_workload("digits")
 
 
@@ -354,7 +444,10 @@ def test_fl_page_shows_a_live_task_to_its_tenant_only(platform, world, browser, 
     doc |= {"kind": "FLTask", "name": "live-fl", "code": str(APPS / "tiny.py"),
             "resources": {"cpus": 0.1, "memory": "1Gi"}, "transport": {"tokens": str(tokens)}}
     doc["data"]["clients"] = 2
-    doc["server"] |= {"rounds": 3, "min_clients": 2, "min_available": 2}
+    # the LIFL tree (leaf aggregator processes sized each round) and local DP with a budget
+    doc["server"] |= {"rounds": 3, "min_clients": 2, "min_available": 2,
+                      "aggregation": {"mode": "tree", "max_leaves": 2}}
+    doc["privacy"] = {"local_dp": {"noise_multiplier": 1.0, "epsilon_budget": 1000}}
     app = tmp_path / "app.yaml"
     app.write_text(yaml.safe_dump(doc))
     # The admin's tenant runs as the server's user, who can read the tokens file made here (a
@@ -378,10 +471,28 @@ def test_fl_page_shows_a_live_task_to_its_tenant_only(platform, world, browser, 
     task = 'section.fltask[data-task="live-fl"]'
     assert settled(lambda: browser.find_element(By.CSS_SELECTOR, f"{task} .round").text) \
         == str(api["round"]) == "3"
-    shown = settled(lambda: [r.find_elements(By.TAG_NAME, "td")[1].text for r in
+    shown = settled(lambda: [[td.text for td in r.find_elements(By.TAG_NAME, "td")] for r in
                              browser.find_elements(By.CSS_SELECTOR, f"{task} table.rounds tr")[1:]])
-    assert shown == [f"{p['accuracy']:.4f}" for p in reversed(api["per_round"])]
+    rounds = list(reversed(api["per_round"]))
+    assert [r[:7] for r in shown] == [
+        [str(p["round"]), f"{p['accuracy']:.4f}", f"{p['loss']:.4f}", "2", "0",
+         f"{p['epsilon']:.3f}", str(int(p["leaves"]))] for p in rounds]
+    assert all(p["leaves"] >= 1 for p in rounds)  # the tree's size, as its server reported it
+    eps = [p["epsilon"] for p in api["per_round"]]
+    assert eps == sorted(eps) and 0 < eps[-1] == api["epsilon"] < 1000  # spent, under budget
+    head = browser.find_element(By.CSS_SELECTOR, f"{task} h2")
+    assert head.find_element(By.CLASS_NAME, "epsilon").text == f"{api['epsilon']:.3f}"
+    assert head.find_element(By.CLASS_NAME, "epsilon-budget").text == "1000"
     shot(browser, shots, "fl-task")
+    m = scrape(platform)  # one round-time sample a round; the last round's participants
+    assert m[("plinth_fl_round_seconds_count", (("task", "live-fl"),))] == 3
+    assert m[("plinth_fl_round_participants", (("outcome", "updated"), ("task", "live-fl")))] == 2
+    assert m[("plinth_fl_round_participants", (("outcome", "failed"), ("task", "live-fl")))] == 0
     sign_in(browser, platform, world["tokens"]["beta"])
     browser.get(f"{platform.url}/ui/fl")
     assert not browser.find_elements(By.CSS_SELECTOR, 'section.fltask[data-task="live-fl"]')
+    with httpx.Client(base_url=platform.url, cookies={"plinth_token": world["tokens"]["beta"]}) \
+            as http:
+        for path in ("/ui/fl", "/ui/fl/live"):
+            r = http.get(path)
+            assert r.status_code == 200 and "live-fl" not in r.text, path

@@ -14,9 +14,8 @@ so nothing is kept up to date between scrapes:
     plinth_fl_round_seconds{task}, plinth_fl_round_participants{task,outcome}
     plinth_service_replicas{service,state}
 
-Services and federated tasks do not run on the control plane yet (`control/kinds.py`): their
-metrics are declared here so that dashboards can be built now, and are fed by the hooks
-`fl_round` and `service_replicas` once a controller calls them.
+The FLTask controller calls `fl_round` for each round its server commits, and the workloads'
+loop calls `service_replicas` for each service at every autoscaler tick.
 """
 
 from __future__ import annotations

@@ -58,6 +58,10 @@ class FLResult(BaseModel):
     final_accuracy: float | None = None
     epsilon: float | None = None
     delta: float | None = None
+    epsilon_budget: float | None = None
+    local_epsilon: float | None = None  # local DP: per client, against the server
+    local_delta: float | None = None
+    local_epsilon_budget: float | None = None
     stopped: str | None = None
 
 
@@ -105,6 +109,7 @@ def _sim_plots(rows: list[SimRow]) -> list[str]:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     out = []
     fig, ax = plt.subplots(figsize=(6, 4))
@@ -113,6 +118,12 @@ def _sim_plots(rows: list[SimRow]) -> list[str]:
         if s.jct_s:  # type: ignore[union-attr]
             ax.plot([x / 3600 for x in s.jct_s], s.jct_fraction, label=r.policy)  # type: ignore
     ax.set_xscale("log")
+    # Within a decade or two matplotlib labels every minor tick as 3×10⁻¹ and the labels
+    # overlap: label 1, 2 and 5 of each decade, as plain numbers.
+    plain = matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}")
+    ax.xaxis.set_minor_locator(matplotlib.ticker.LogLocator(subs=(2.0, 5.0)))
+    ax.xaxis.set_major_formatter(plain)
+    ax.xaxis.set_minor_formatter(plain)
     ax.set(xlabel="job completion time (hours)", ylabel="fraction of jobs", title="JCT CDF")
     ax.grid(alpha=0.3)
     ax.legend()

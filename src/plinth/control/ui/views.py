@@ -115,17 +115,24 @@ def cluster(cp: ControlPlane, who: Principal) -> dict[str, Any]:
         pending: dict[str, int] = {}
         for js in owner.pending:
             pending[js.job.tenant] = pending.get(js.job.tenant, 0) + 1
-        return {"nodes": nodes, "used": used, "pending": pending}
+        # The quotas the policy enforces: the configured ones, or the equal shares a quota
+        # policy derives from the tenants it has seen (an empty set adds none).
+        quotas_for = getattr(owner.policy, "quotas_for", None)
+        quotas = (quotas_for(owner.cluster, set()) if quotas_for is not None
+                  else owner.cluster.tenants)
+        return {"nodes": nodes, "used": used, "pending": pending,
+                "quotas": {q.name: q for q in quotas}, "quota_policy": quotas_for is not None}
 
     got = cp.read(read)
-    quotas = {q.name: q for q in cp.cluster.tenants}
+    quotas = got["quotas"]
     tenants = []
     for name in sorted(cp.tenant_names):
         if not who.may_see(name):
             continue
         q = quotas.get(name)
         use = got["used"].get(name, 0.0)
-        nominal = q.gpus if q is not None else None
+        # a tenant a quota policy does not name has 0 nominal GPUs: it borrows idle quota only
+        nominal = (q.nominal_gpus if q is not None else 0.0) if got["quota_policy"] else None
         tenants.append({"name": name, "used": use, "quota": nominal,
                         "borrowing_limit": q.borrowing_limit if q is not None else None,
                         "borrowed": max(0.0, use - nominal) if nominal is not None else None,
@@ -133,7 +140,8 @@ def cluster(cp: ControlPlane, who: Principal) -> dict[str, Any]:
     total = cp.cluster.total_gpus
     used_all = sum(n["gpus_used"] for n in got["nodes"])
     return {"nodes": got["nodes"], "tenants": tenants, "total_gpus": total,
-            "used_gpus": used_all, "describe": cp.cluster.describe()}
+            "used_gpus": used_all, "describe": cp.cluster.describe(),
+            "quota_policy": got["quota_policy"], "policy": cp.policy_name}
 
 
 def allocation(cp: ControlPlane, alloc: dict | None) -> list[dict]:
@@ -192,7 +200,8 @@ def services(cp: ControlPlane, who: Principal) -> list[ServiceRow]:
             int(st.get("ready", 0)), w.spec.min_replicas, w.spec.max_replicas,
             float(st.get("rate_rps", 0.0)), float(st.get("predicted_rps", 0.0)),
             float(st.get("p99_ms", 0.0)), w.spec.slo_ms, st.get("slo_attainment"),
-            st.get("reason", "-"), sorted(units.values()),
+            st.get("reason") or f"min_replicas {w.spec.min_replicas}; no autoscaler decision "
+                                "has changed it yet", sorted(units.values()),
             sparkline(cp.workloads.controller("Service").timeline(w.id)),
             list(reversed(st.get("decisions", [])))))
     return out
