@@ -45,7 +45,7 @@ def test_ls_filters_and_formats(shared_platform, wait_for) -> None:
         with shared_platform.client(c.add_token("fmt")) as t:
             done = t.submit({"name": "fmt-done", "command": ["true"]})
             t.wait(done, timeout=60)
-            run = t.submit({"name": "fmt-run", "command": "sleep 30"})
+            run = t.submit({"name": "fmt-run", "command": "sleep 300"})
             wait_for(lambda: t.job(run)["state"] == "running", what="running")
     try:
         r = cli(shared_platform, "ls", "--tenant", "fmt", "-o", "json")
@@ -57,6 +57,11 @@ def test_ls_filters_and_formats(shared_platform, wait_for) -> None:
         r = cli(shared_platform, "ls", "-a", "--tenant", "fmt", "--name", "fmt-run", "-o", "wide")
         head = r.stdout.splitlines()[0].split()
         assert "ATTEMPT" in head and "SUBMITTED" in head and ids(r.stdout) == [run]
+        # in an 80-column terminal -o wide is wider than 80, not cut to "SUBM…"
+        r = cli(shared_platform, "ls", "-a", "--tenant", "fmt", "-o", "wide", columns=80)
+        head = r.stdout.splitlines()[0].split()
+        assert head[-2:] == ["SUBMITTED", "REASON"] and "…" not in r.stdout, r.stdout
+        assert sorted(ids(r.stdout)) == [done, run]
         r = cli(shared_platform, "ls", "-o", "xml")
         assert r.returncode == 2 and "--output" in r.stderr
     finally:

@@ -152,6 +152,8 @@ def test_cancelling_an_array_cancels_its_tasks(shared_platform, wait_for) -> Non
         wait_for(lambda: c.job(head)["state"] == "running", what="the first task")
     r = run_cli(shared_platform, "cancel", str(head))
     assert r.returncode == 0, r.stderr
+    # what happened to the tasks, not the state of the first one
+    assert r.stdout.startswith(f"array {head}: ") and "cancelled" in r.stdout, r.stdout
     with shared_platform.client() as c:
         states = {t["state"] for t in c.jobs(array=head, all=True)}
         wait_for(lambda: {t["state"] for t in c.jobs(array=head, all=True)} == {"cancelled"},

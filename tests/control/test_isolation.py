@@ -193,3 +193,27 @@ def test_an_unprivileged_server_says_tenants_share_a_user(tmp_path) -> None:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=30)
         shutil.rmtree(home, ignore_errors=True)
+
+
+def test_up_warns_when_tenants_cannot_run_its_python() -> None:
+    """A pyenv under /root (0700): a tenant's `python` would silently be another one, without
+    Plinth's packages, so `plinth up` says so."""
+    from plinth.control.server import ServerConfig, isolation_notes
+
+    root = Path(tempfile.mkdtemp(prefix="plinth-py-"))
+    try:
+        root.chmod(0o755)
+        for name, mode in (("closed", 0o700), ("open", 0o755)):
+            (root / name / "bin").mkdir(parents=True)
+            (root / name / "bin" / "python3").write_text("")
+            (root / name / "bin" / "python3").chmod(0o755)
+            (root / name).chmod(mode)
+        cfg = ServerConfig(home=root / "home", jobs_dir=root / "jobs")
+        fine = isolation_notes(cfg, python=str(root / "open" / "bin" / "python3"))
+        assert fine == [("tenants' jobs run as their own Unix users; their folders are under "
+                         f"{root / 'jobs'}")]
+        first, warning = isolation_notes(cfg, python=str(root / "closed" / "bin" / "python3"))
+        assert first == fine[0] and warning.startswith("warning: tenants' jobs cannot run")
+        assert f"{root / 'closed'} is closed to other users" in warning
+    finally:
+        shutil.rmtree(root, ignore_errors=True)

@@ -144,6 +144,8 @@ def test_4_ls_pages_and_says_when_it_stops(shared_platform) -> None:
     assert "showing 1-2 of 5" in r.stdout and "--page 2" in r.stdout
     r = cli(shared_platform, "ls", "-a", "--name", "page", "--limit", "2", "--page", "3")
     assert str(min(ids)) in r.stdout and "showing 5-5 of 5" in r.stdout
+    r = cli(shared_platform, "ls", "-a", "--name", "page", "--limit", "2", "--page", "4")
+    assert r.returncode == 0 and "page 4 is past the last: 5 jobs, 2 a page" in r.stdout
     r = cli(shared_platform, "ls", "--state", "succeeded", "--name", "page", "-o", "json")
     import json
     assert sorted(j["id"] for j in json.loads(r.stdout)) == sorted(ids)

@@ -50,7 +50,8 @@ def status(c, name: str = "digits") -> dict:
 
 def test_a_service_scales_survives_replica_and_control_plane_kills(serving, tmp_path, wait_for):
     spec = yaml.safe_load(EXAMPLE.read_text())
-    spec |= {"slo_ms": 25, "max_replicas": 2}  # tight enough that 12 clients break it here
+    spec |= {"slo_ms": 25, "max_replicas": 2,  # tight enough that 12 clients break it here
+             "workdir": str(EXAMPLE.parents[2])}  # the copy is not beside the examples
     svc_file = tmp_path / "service.yaml"
     svc_file.write_text(yaml.safe_dump(spec))
     out = cli(serving, "submit", str(svc_file))

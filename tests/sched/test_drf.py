@@ -205,6 +205,16 @@ def test_drf_picks_lowest_dominant_share_including_cpu() -> None:
     apply(snap, d)
 
 
+def test_a_job_without_gpus_waits_for_cpus_not_for_0_gpus() -> None:
+    cluster = make_cluster(nodes=1, tenants=quotas(a=4, b=4))
+    pol = FairShare()
+    cpu_only = job("b", gpus=0, cpus=20_000)
+    snap = snapshot(cluster, pol, [cpu_only], [(job("a", gpus=1, cpus=60_000), 0.0)])
+    d = pol.schedule(snap, NOW)
+    assert d.starts == [] and d.waiting[cpu_only.id].startswith(
+        "Resources: 20 CPUs and 0.977 GiB of memory not free; b is within nominal quota")
+
+
 def test_weights_split_borrowed_quota() -> None:
     # c is idle; a (weight 2) and b (weight 1) share c's 4 GPUs by weighted dominant share.
     cluster = make_cluster(nodes=3, gpus=4, tenants=(

@@ -131,6 +131,19 @@ def test_check_model_runs_the_users_code_in_a_child_process(tmp_path) -> None:
     assert check_model("examples.serve.cnn:make", [1, 28, 28], 1e6, ROOT) > 0
 
 
+def test_the_example_service_is_submitted_from_any_folder(tmp_path, monkeypatch) -> None:
+    """Its `workdir: ../..` is the repo's root whatever the current folder, so its MODULE
+    imports and is timed; without it the module is looked up where you submit and fails."""
+    from plinth.core.spec import load_spec
+
+    example = Path(ROOT) / "examples" / "serve" / "service.yaml"
+    monkeypatch.chdir(tmp_path)
+    spec = load_spec(example).submitted(example.parent)
+    assert spec.workdir == ROOT and spec.service_ms > 0
+    with pytest.raises(SpecError, match="^model: cannot import examples.serve.cnn"):
+        load_spec(example).model_copy(update={"workdir": None}).submitted(example.parent)
+
+
 def test_handler_references_are_checked() -> None:
     h = load_handler("examples.serve.handler:Handler", workdir=ROOT)
     x = h.preprocess({"images": [[[0] * 28] * 28]})

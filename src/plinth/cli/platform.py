@@ -200,7 +200,7 @@ def _age(seconds: float | None) -> str:
 
 def jobs_table(jobs: list[dict], now: float | None = None, *, wide: bool = False) -> Table:
     """squeue's view. It fits 80 columns: the reason is cut to what is left of one line (the
-    full text is in `plinth show`); `wide` adds columns and lets the reason wrap."""
+    full text is in `plinth show`); `wide` adds columns and cuts none (see print_jobs)."""
     now = now or time.time()
     cols = ["JOBID", "NAME", "TENANT", "STATE", "TIME", "GPUS"]
     cols += ["WORKERS", "PRI", "ATTEMPT", "SUBMITTED", "REASON"] if wide else ["REASON"]
@@ -251,8 +251,12 @@ def print_jobs(jobs: list[dict], output: str) -> None:
 
         typer.echo(json.dumps(jobs, indent=2) if output == "json" else
                    yaml.safe_dump(jobs, sort_keys=False), nl=output == "json")
+    elif output == "wide":  # as kubectl's: every column whole, wider than the terminal if need be
+        t = jobs_table(jobs, wide=True)
+        need = console.measure(t, options=console.options.update_width(10**4)).maximum
+        Console(width=max(console.width, need)).print(t)
     else:
-        console.print(jobs_table(jobs, wide=output == "wide"))
+        console.print(jobs_table(jobs))
 
 
 def ls(all: Annotated[bool, typer.Option("--all", "-a", help="Include finished jobs.")] = False,
@@ -276,14 +280,17 @@ def ls(all: Annotated[bool, typer.Option("--all", "-a", help="Include finished j
     if table and not name and not state:
         with Client(server, token) as c:
             ws = [w for w in c.workloads(all=all) if tenant is None or w["tenant"] == tenant]
-        for table in (services_table([w for w in ws if w["kind"] == "Service"],
-                                     wide=output == "wide"),
-                      fl_table([w for w in ws if w["kind"] == "FLTask"])):
-            if table.row_count:
+        for kind in (services_table([w for w in ws if w["kind"] == "Service"],
+                                    wide=output == "wide"),
+                     fl_table([w for w in ws if w["kind"] == "FLTask"])):
+            if kind.row_count:
                 console.print()
-                console.print(table)
+                console.print(kind)
     first = (page - 1) * limit + 1
-    if table and (total > len(jobs) or page > 1):
+    if table and not jobs and page > 1:
+        console.print(f"page {page} is past the last: {total} jobs, {limit} a page",
+                      highlight=False)
+    elif table and (total > len(jobs) or page > 1):
         more = f"; more with --page {page + 1}" if first - 1 + len(jobs) < total else ""
         console.print(f"showing {first}-{first - 1 + len(jobs)} of {total} jobs{more}",
                       highlight=False)
@@ -446,8 +453,12 @@ def cancel(jobs: Annotated[list[str], typer.Argument(
                 if not is_job_ref(job):
                     console.print(f"{job}: {c.cancel_workload(job)['state']}", highlight=False)
                     continue
-                console.print(f"job {job}: {c.cancel(job_ref(c, job), array='_' not in job)}",
-                              highlight=False)
+                jid = job_ref(c, job)
+                said = f"job {job}: {c.cancel(jid, array='_' not in job)}"
+                if "_" not in job and c.job(jid).get("array_id") == jid:  # every task's state
+                    [row] = group_arrays(c.jobs(array=jid, all=True, limit=10000))
+                    said = f"array {job}: {row['reason']}"
+                console.print(said, highlight=False)
             except PlinthError as e:
                 console.print(f"[red]job {job}:[/] {e}", highlight=False)
                 failed = True

@@ -81,7 +81,8 @@ def sim(
     format: Annotated[str, typer.Option(help="philly | alibaba | csv")] = "csv",
     policy: Annotated[str, typer.Option(help="Policy name (see `plinth policies`).")] = "fifo",
     compare_: Annotated[str | None, typer.Option("--compare", help="p1,p2,… side by side.")] = None,
-    window: Annotated[str | None, typer.Option(help="Part of the trace, e.g. 0d:14d.")] = None,
+    window: Annotated[str | None, typer.Option(
+        help="Part of the trace, from its first job: 20d:23d (3,185 Philly jobs).")] = None,
     placement: Annotated[str, typer.Option(help="bestfit | fgd (fractional GPUs).")] = "bestfit",
     throughputs: Annotated[str | None, typer.Option(
         help="Job type x GPU model throughputs: Gavel's simulation_throughputs.json or a CSV "

@@ -8,6 +8,7 @@ import os
 import pwd
 import socket
 import ssl
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -109,19 +110,28 @@ def build(cfg: ServerConfig) -> tuple[ControlPlane, Auth]:
     return cp, auth
 
 
-def isolation_note(cfg: ServerConfig) -> str:
-    """One line for `plinth up`: how tenants' jobs are kept apart on this machine."""
+def isolation_notes(cfg: ServerConfig, python: str = sys.executable) -> list[str]:
+    """Lines for `plinth up`: how tenants' jobs are kept apart on this machine, and what their
+    own users cannot reach (the jobs directory, the platform's Python)."""
     jobs_dir = cfg.tenant_jobs_dir
     if jobs_dir is None:
         user = pwd.getpwuid(os.geteuid()).pw_name
-        return (f"note: tenants share one Unix user ({user}) and are isolated only at the API; "
-                "run `plinth up` as root to give each tenant's jobs a user of its own")
+        return [(f"note: tenants share one Unix user ({user}) and are isolated only at the "
+                 "API; run `plinth up` as root to give each tenant's jobs a user of its own")]
+    notes = [f"tenants' jobs run as their own Unix users; their folders are under {jobs_dir}"]
     blocked = unreachable(jobs_dir)
     if blocked is not None:
-        return (f"warning: tenants' jobs cannot reach --jobs-dir {jobs_dir} ({blocked} is "
-                "closed to other users), so they cannot save checkpoints; give a --jobs-dir "
-                "that others may pass through")
-    return f"tenants' jobs run as their own Unix users; their folders are under {jobs_dir}"
+        notes = [(f"warning: tenants' jobs cannot reach --jobs-dir {jobs_dir} ({blocked} is "
+                  "closed to other users), so they cannot save checkpoints; give a --jobs-dir "
+                  "that others may pass through")]
+    # A job's `python` is the platform's first (its PATH starts with the interpreter's folder):
+    # behind a folder closed to others (a pyenv under /root) a tenant's jobs find another one.
+    blocked = unreachable(Path(python))
+    if blocked is not None:
+        notes.append(f"warning: tenants' jobs cannot run this server's Python ({python}: "
+                     f"{blocked} is closed to other users), so `python` in their specs is "
+                     "another one, without its packages; install it where others can read it")
+    return notes
 
 
 def check_network(cfg: ServerConfig) -> list[str]:
@@ -179,7 +189,8 @@ def serve(cfg: ServerConfig, *, announce=print) -> None:
              f"store {cfg.db_url}, {cp.cluster.describe()}, policy {cfg.policy}, "
              f"isolation {getattr(cp.runtime, 'isolation', '?')}")
     announce(f"dashboard {scheme}://{cfg.host}:{cfg.port}/ui, metrics at /metrics")
-    announce(isolation_note(cfg))
+    for note in isolation_notes(cfg):
+        announce(note)
     announce(cp.recovery.summary())
     for w in warnings:
         announce(w)

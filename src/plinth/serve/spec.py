@@ -74,17 +74,22 @@ class ServiceSpec(BaseModel):
     priority: int = Field(0, ge=-1000, le=1000)
     preemptible: bool = False  # a replica is not preempted by default (see docs/serving.md)
     batching: Batching = Field(default_factory=Batching)
-    workdir: str | None = None  # where MODULE is imported from; default: where you submit
+    # where MODULE is imported from: default, where you submit; a relative one is taken from
+    # the spec's folder, so that a spec naming its project's root runs from any directory
+    workdir: str | None = None
     env: dict[str, str] = Field(default_factory=dict)
 
     def submitted(self, base: Path | None) -> ServiceSpec:
-        """MODULE is imported from where you submit; a model file beside the spec is made
-        absolute. The model is loaded and timed here, in a child process (one line naming
+        """MODULE is imported from `workdir` (where you submit, or relative to the spec's
+        folder); a model file beside the spec is made absolute. The model is loaded and timed here, in a child process (one line naming
         the field if it fails), for `service_ms` unless the spec gives it: the control plane
         never imports a user's model."""
         from plinth.serve.model import check_model
 
-        workdir, model = os.path.abspath(self.workdir or "."), beside(base, self.model)
+        workdir = self.workdir or "."
+        if self.workdir and base is not None and not os.path.isabs(self.workdir):
+            workdir = os.path.join(base, self.workdir)
+        workdir, model = os.path.abspath(workdir), beside(base, self.model)
         measured = check_model(model, self.input_shape, self.slo_ms, workdir=workdir)
         return self.model_copy(update={"workdir": workdir, "model": model,
                                        "service_ms": self.service_ms or round(measured, 3)})

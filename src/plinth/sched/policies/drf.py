@@ -362,7 +362,11 @@ class _Pass:
             return True
         if self.reservation is None and self.policy.reserve:
             why += self.reserve(js)
-        self.d.waiting[js.id] = f"Resources: {gpus(req.gpu_milli_total)} GPUs not free; {why}"
+        # A job without GPUs waits for CPUs or memory, never for "0 GPUs".
+        short = (f"{gpus(req.gpu_milli_total)} GPUs" if req.gpu_milli_total else
+                 f"{req.workers * req.cpus_milli / 1000:g} CPUs and "
+                 f"{req.workers * req.memory_mib / 1024:.3g} GiB of memory")
+        self.d.waiting[js.id] = f"Resources: {short} not free; {why}"
         return False
 
     def reserve(self, js: JobState) -> str:
