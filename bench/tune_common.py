@@ -1,5 +1,5 @@
-"""Shared by bench/tune_matrix.py and bench/tune_time.py: run a Tune spec on this machine and
-time a tuned model at a CPU share in a process of its own."""
+"""Shared by bench/tune_matrix.py and bench/tune_time.py: run a Tune spec on this machine
+through the control plane, and time a tuned model at a CPU share in a process of its own."""
 
 from __future__ import annotations
 
@@ -8,19 +8,21 @@ import subprocess
 import sys
 from pathlib import Path
 
-# The tests' launcher (a process group per unit, CPU pinning by unit name): a benchmark, as a
-# test, plays the runtime's part.
+# The tests' in-process platform (a ControlPlane on a LocalRuntime, as `plinth up` runs): the
+# scheduler places the units, and the runtime pins each server to its share's CPUs.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "tune"))
-from tune_launch import Launcher
+from tune_local import Outcome
+from tune_local import run_spec as run_local
 
-from plinth.tune.run import Outcome, tune
 from plinth.tune.spec import TuneSpec
 
 
-def run_spec(spec: TuneSpec, db: Path, cpus: dict[str, set[int]]) -> Outcome:
-    out = tune(spec, db, launch=Launcher(db.parent / f"logs-{db.name}", cpus), timeout_s=3000)
-    if out.state.value != "succeeded":
-        raise SystemExit(f"tuning {spec.name} ended {out.state.value}; logs in {db.parent}")
+def run_spec(spec: TuneSpec, db: Path) -> Outcome:
+    """Tune `spec` into `db`; the platform's state and the units' logs go beside it."""
+    home = db.parent / f"platform-{db.name}"
+    out = run_local(spec, db, home, timeout_s=3000)
+    if out.state != "succeeded":
+        raise SystemExit(f"tuning {spec.name} ended {out.state}; logs in {home / 'logs'}")
     return out
 
 

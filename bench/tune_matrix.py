@@ -26,7 +26,8 @@ from tune_common import latency, run_spec
 
 from plinth.tune.spec import TuneSpec
 
-# CPU sets of the shares on a 2-core machine: share 1 on core 1, share 2 on both.
+# CPU sets the tuned models are timed on, on a 2-core machine: share 1 on core 1, share 2 on
+# both. (While tuning, the runtime pins each server to `share` of the least loaded cores.)
 CPUS = {1: "1", 2: "0-1"}
 
 
@@ -57,11 +58,9 @@ def main() -> None:
     for seed in seeds:
         spec = base.model_copy(update={"seed": seed, "name": f"matrix-{seed}"})
         db = work / f"seed{seed}"
-        cpus = {f"server-share-{s}-0": {int(c) for c in CPUS[s].replace("-", ",").split(",")}
-                for s in shares}
         if not args.measure_only:
             t0 = time.monotonic()
-            run_spec(spec, db, cpus)
+            run_spec(spec, db)
             tune_s[seed] = time.monotonic() - t0
         for run in shares:  # every tuned share timed in turns in one process, paired
             ms = latency(db, spec, [float(s) for s in shares], run, CPUS[run])

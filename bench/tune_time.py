@@ -2,8 +2,8 @@
 sharded clients, at the same trial budget, and the latency the tuned model reaches.
 
 - exclusive: 1 server on the whole machine (2 cores, 2 threads), 1 client, all tasks;
-- shared: N servers on 1-core shares (one pinned to each core), K clients, each tuning its
-  shard of the tasks (`plinth.tune.plan.shard`), measuring on those servers.
+- shared: N servers on 1-core shares (the runtime pins one to each core), K clients, each
+  tuning its shard of the tasks (`plinth.tune.plan.shard`), measuring on those servers.
 
 Both tune the same small CNN as bench/tune_matrix.py with the same number of trials in all.
 Latency: the tuned model run at 1 core and at 2 cores (median ms of 15 repeats).
@@ -50,18 +50,17 @@ def main() -> None:
                                      "servers": args.servers, "clients": args.clients})
     # Shared first: should the machine's other load fall while this runs, it favours the
     # exclusive run that follows, not the claim.
-    configs = {
-        "shared": (shared, {f"server-share-1-{j}": {j % 2} for j in range(args.servers)}),
-        "exclusive": (base, {"server-share-2-0": {0, 1}}),
-    }
+    # The runtime pins each server to its share's least loaded cores: the shared servers one
+    # to a core, the exclusive one to both.
+    configs = {"shared": shared, "exclusive": base}
     rows = {}
-    for name, (spec, cpus) in configs.items():
+    for name, spec in configs.items():
         db = work / name
         # Wall time of the task; with --reuse, for a configuration tuned before in --workdir,
         # that of its slowest client, from the clients' own records (the tracker's start left
         # out).
         done = len(meta_seconds(db)) == spec.clients * len(spec.shares)
-        wall = None if args.reuse and done else run_spec(spec, db, cpus).seconds
+        wall = None if args.reuse and done else run_spec(spec, db).seconds
         wall = wall if wall is not None else max(meta_seconds(db, "seconds"))
         share = spec.shares[0]
         ms1 = statistics.median(latency(db, spec, [share], 1, "1")[share])

@@ -1,17 +1,21 @@
-"""A tiny tuning task end to end on loopback: a real RPC tracker, servers and clients running
-TVM MetaSchedule, at two CPU shares; one server is killed mid-task and replaced."""
+"""A tiny tuning task end to end through the control plane (a `ControlPlane` on a
+`LocalRuntime`, in this process): the scheduler places a real RPC tracker, servers and clients
+running TVM MetaSchedule at two CPU shares; one server's processes are killed mid-task and the
+server is started again."""
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
 
 import numpy as np
+import psutil
 import pytest
-from tune_launch import Launcher
+from tune_local import LocalPlatform
 
 from plinth.tune.db import RECORDS, listing, model_key, records_for, shard_dir
-from plinth.tune.run import tune
 from plinth.tune.spec import TuneSpec
 
 pytest.importorskip("tvm")
@@ -22,29 +26,49 @@ def _lines(path) -> int:
     return sum(1 for line in open(path) if line.strip()) if path.exists() else 0
 
 
+def _kill_unit(home, workload_id: int, unit: str) -> int:
+    """SIGKILL every process of a unit (its shim, the server, TVM's worker): found by the
+    checkpoint folder the control plane gives the unit. Returns how many were killed."""
+    ckpt = str(home / "checkpoints" / f"workload-{workload_id}" / unit)
+    victims = [p for p in psutil.process_iter(["environ"])
+               if (p.info.get("environ") or {}).get("PLINTH_CHECKPOINT_DIR") == ckpt]
+    for p in victims:
+        try:
+            os.kill(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return len(victims)
+
+
 @pytest.mark.slow
 def test_tiny_task_tunes_at_each_share_and_survives_a_dead_server(tmp_path):
+    db = tmp_path / "db"
     spec = TuneSpec.model_validate({"model": MODEL, "input_shape": SHAPE, "shares": [1, 2],
                                     "trials": 4, "trials_per_iter": 2, "name": "tiny",
-                                    "builder": "inline"})
-    db = tmp_path / "db"
-    launcher = Launcher(tmp_path / "logs")
-    result = {}
-    worker = threading.Thread(target=lambda: result.update(
-        out=tune(spec, db, launch=launcher, timeout_s=600, tick_s=0.2)))
-    worker.start()
-    # Once share 2 has its first measured records, kill its only server: the records stay,
-    # the controller replaces the server, and the client tunes on with the new one.
-    records = shard_dir(db, MODEL, SHAPE, "cpu", 2, 0, 1) / RECORDS
-    while worker.is_alive() and _lines(records) < 1:
-        time.sleep(0.2)
-    before = _lines(records)
-    if worker.is_alive():
-        launcher.procs["server-share-2-0"].kill()
-    worker.join()
+                                    "builder": "inline", "db": str(db)})
+    platform = LocalPlatform(tmp_path / "home")
+    try:
+        wid = platform.submit(spec)
+        result = {}
+        waiter = threading.Thread(target=lambda: result.update(
+            out=platform.wait(wid, timeout_s=900)))
+        waiter.start()
+        # Once share 2 has its first measured records, kill its only server: the records stay,
+        # the server is started again, and the client tunes on with the new one.
+        records = shard_dir(db, MODEL, SHAPE, "cpu", 2, 0, 1) / RECORDS
+        while waiter.is_alive() and _lines(records) < 1:
+            time.sleep(0.2)
+        before = _lines(records)
+        killed = _kill_unit(platform.home, wid, "server-share-2-0") if waiter.is_alive() else 0
+        waiter.join()
+    finally:
+        platform.close()
     out = result["out"]
-    assert out.state.value == "succeeded", out
-    assert out.starts["server-share-2-0"] == 2 and out.starts["client-share-2-0"] == 1
+    assert out.state == "succeeded", out
+    assert killed >= 2, "the server ended before it could be killed"  # the shim and the server
+    assert out.starts("server-share-2-0") == 2 and out.starts("client-share-2-0") == 1
+    assert {"tracker", "server-share-1-0", "client-share-1-0"} <= set(out.units)
+    assert all(js[-1]["state"] in ("succeeded", "cancelled") for js in out.units.values())
     assert _lines(records) >= before >= 1
 
     tuned = {(e.model, e.share): e for e in listing(db)}

@@ -31,18 +31,54 @@ def _obs(names, state=State.RUNNING):
     return {n: Observed(n, i + 1, state) for i, n in enumerate(names)}
 
 
+def _started(ctl, w):
+    """Every unit running: the servers first, then the clients they let start."""
+    observed = _obs([u.name for u in ctl.units(w, {}, 0.0)])
+    return _obs([u.name for u in ctl.units(w, observed, 0.0)])
+
+
 def test_units_are_tracker_servers_and_clients_per_share():
-    units = TuneController().units(_w(_spec()), {}, 0.0)
-    names = [u.name for u in units]
+    ctl, w = TuneController(), _w(_spec())
+    names = list(_started(ctl, w))
     assert names[0] == "tracker"
     assert sorted(names[1:]) == sorted(
         [f"server-share-{s}-{j}" for s in (1, 2) for j in (0, 1)]
         + [f"client-share-{s}-{i}" for s in (1, 2) for i in (0, 1)])
-    server = next(u for u in units if u.name == "server-share-2-0").spec
+    units = {u.name: u.spec for u in ctl.units(w, _started(ctl, w), 0.0)}
+    server = units["server-share-2-0"]
     assert server.resources.cpus == 2 and server.command[-2:] == ["--threads", "2"]
     assert "--key" in server.command and "share-2" in server.command
-    client = next(u for u in units if u.name == "client-share-1-1").spec
+    client = units["client-share-1-1"]
     assert client.command[client.command.index("--shard") + 1] == "1/2"
+
+
+def test_clients_start_once_a_server_of_their_share_runs_and_keep_it_replaced():
+    ctl, w = TuneController(), _w(_spec())
+    first = [u.name for u in ctl.units(w, {}, 0.0)]
+    assert first[0] == "tracker" and not any(n.startswith("client") for n in first)
+    # share 1's servers placed, share 2's still queued (the machine is full): only share 1's
+    # clients start, so that share 2's do not spend their trials waiting at the tracker
+    observed = _obs(first, State.PENDING)
+    observed["server-share-1-1"] = Observed("server-share-1-1", 3, State.RUNNING)
+    names = [u.name for u in ctl.units(w, observed, 1.0)]
+    assert {n for n in names if n.startswith("client")} == {"client-share-1-0",
+                                                            "client-share-1-1"}
+    # a started client stays wanted while its share's only server is replaced
+    for i, n in enumerate(n for n in names if n.startswith("client")):
+        observed[n] = Observed(n, 20 + i, State.RUNNING)
+    for j in (0, 1):
+        observed[f"server-share-1-{j}"] = Observed(f"server-share-1-{j}", 10 + j, State.FAILED)
+    add, drop = reconcile(ctl.units(w, observed, 2.0), observed)
+    assert sorted(u.name for u in add) == ["server-share-1-0", "server-share-1-1"]
+    assert drop == []
+
+
+def test_a_share_of_the_whole_machine_fits_beside_the_tracker():
+    # A 2-core machine tuning at 1 and 2 cores: share 2's server (2 CPUs) waits for share 1's
+    # to go, while the tracker lives until share 2's clients are done. Were the tracker to
+    # hold any CPU, share 2 could never be placed.
+    units = {u.name: u.spec for u in TuneController().units(_w(_spec()), {}, 0.0)}
+    assert units["tracker"].resources.cpus + units["server-share-2-0"].resources.cpus <= 2
 
 
 def test_gpu_servers_ask_for_a_fraction():
@@ -58,7 +94,7 @@ def _end(w, observed, name, state):
 
 def test_servers_go_when_their_share_is_done_and_the_tracker_last():
     ctl, w = TuneController(), _w(_spec())
-    observed = _obs([u.name for u in ctl.units(w, {}, 0.0)])
+    observed = _started(ctl, w)
     for c in ("client-share-1-0", "client-share-1-1"):
         _end(w, observed, c, State.SUCCEEDED)
     add, drop = reconcile(ctl.units(w, observed, 1.0), observed)
@@ -76,7 +112,7 @@ def test_servers_go_when_their_share_is_done_and_the_tracker_last():
 
 def test_a_dead_server_is_replaced_while_its_share_tunes():
     ctl, w = TuneController(), _w(_spec())
-    observed = _obs([u.name for u in ctl.units(w, {}, 0.0)])
+    observed = _started(ctl, w)
     observed["server-share-1-0"] = Observed("server-share-1-0", 1, State.FAILED)
     add, drop = reconcile(ctl.units(w, observed, 1.0), observed)
     assert [u.name for u in add] == ["server-share-1-0"] and drop == []
@@ -92,6 +128,7 @@ def test_check_refuses_shares_the_cluster_cannot_hold():
 def test_the_controller_is_pure():
     ctl, w = TuneController(), _w(_spec())
     assert ctl.units(w, {}, 0.0) == ctl.units(w, {}, 99.0)
+    assert ctl.units(w, _started(ctl, w), 0.0) == ctl.units(w, _started(ctl, w), 99.0)
 
 
 def test_shards_balance_task_counts_spread_heavy_tasks_and_cover_each_once():
