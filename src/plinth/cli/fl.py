@@ -42,7 +42,16 @@ def sim(
     app_yaml: Annotated[str, typer.Argument(metavar="APP.yaml", help="FL app spec.")],
     clients: Annotated[int, typer.Option(min=1, help="Number of virtual clients.")] = 10,
     rounds: Annotated[int | None, typer.Option(min=1, help="Rounds (default: the app's).")] = None,
-    workers: Annotated[int | None, typer.Option(min=1, help="Processes for clients.")] = None,
+    workers: Annotated[int | None, typer.Option(
+        min=1, help="Processes (pool) or actors (ray) for clients.")] = None,
+    backend: Annotated[str, typer.Option(help="pool (a process pool) | ray (Ray actors).")
+                       ] = "pool",
+    ray_address: Annotated[str | None, typer.Option(
+        metavar="HOST:PORT|auto",
+        help="Ray cluster for --backend ray (default: a private local Ray).")] = None,
+    client_cpus: Annotated[float, typer.Option(help="CPUs per client actor (ray).")] = 1.0,
+    client_gpus: Annotated[float, typer.Option(
+        help="GPUs per client actor, a share such as 0.25 (ray).")] = 0.0,
     strategy: Annotated[str | None, typer.Option(help="Override strategy.name.")] = None,
     compression: Annotated[str | None, typer.Option(help="none | q8 | q16 | topk.")] = None,
     checkpoint: Annotated[str | None, typer.Option(help="Checkpoint folder.")] = None,
@@ -50,7 +59,7 @@ def sim(
     json_path: Annotated[str | None, typer.Option("--json", help="Write results JSON.")] = None,
     out: Annotated[str | None, typer.Option(help="Folder for PNG plots.")] = None,
 ) -> None:
-    """Simulate a federation: virtual clients in a process pool, the real server."""
+    """Simulate a federation: virtual clients in a process pool or on Ray, the real server."""
     from plinth.fl.sim import run_sim
 
     if resume and not checkpoint:
@@ -71,7 +80,9 @@ def sim(
             _print_round(rec)
 
         result = run_sim(app_yaml, clients=clients, rounds=rounds, workers=workers,
-                         resume=resume, overrides=overrides, on_round=tick, on_start=started)
+                         resume=resume, overrides=overrides, on_round=tick, on_start=started,
+                         backend=backend, ray_address=ray_address, client_cpus=client_cpus,
+                         client_gpus=client_gpus)
     _report(result, json_path, out)
 
 

@@ -1,21 +1,24 @@
 """`plinth fl sim`: a whole federation on one machine, with the real server code.
 
-Virtual clients run in a process pool (`PoolTransport`); every message goes through `serde` as
-bytes, so the byte counts are those a network would carry. The server evaluates the global model
+Virtual clients run in a process pool (`PoolTransport`) or, with `backend="ray"`, as Ray actors
+with per-client CPUs and GPU shares (`RayTransport`); every message goes through `serde` as bytes, so the byte counts are those a network would carry. The server evaluates the global model
 on the held-out test set after each round.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from plinth.core.errors import PlinthError
 from plinth.fl.app import AppSpec, load_app, load_code
 from plinth.fl.checkpoint import Checkpointer
 from plinth.fl.data import client_partitions, load_source
@@ -104,12 +107,14 @@ def summary(spec: AppSpec, records: list[RoundRecord], clients: int,
         eps = [r.metrics["epsilon"] for r in records if "epsilon" in r.metrics]
         extra["epsilon"] = eps[-1] if eps else 0.0
         extra["delta"] = spec.privacy.dp.delta
+        extra["epsilon_budget"] = spec.privacy.dp.epsilon_budget
         extra["dp_mode"] = spec.privacy.dp.mode
     if spec.privacy.local_dp is not None:
         # per client, against the server: a client that uploaded in every round
         eps = [r.metrics["local_epsilon"] for r in records if "local_epsilon" in r.metrics]
         extra["local_epsilon"] = eps[-1] if eps else 0.0
         extra["local_delta"] = spec.privacy.local_dp.delta
+        extra["local_epsilon_budget"] = spec.privacy.local_dp.epsilon_budget
     if spec.privacy.secagg is not None:
         extra["secagg"] = True
     if spec.consent is not None:
@@ -190,12 +195,28 @@ def serve_rounds(spec: AppSpec, transport: Any, model: Any, params: NDArrays, *,
             ckpt.close()
 
 
+BACKENDS = ("pool", "ray")
+
+
 def run_sim(app_path: str, *, clients: int, rounds: int | None = None,
             workers: int | None = None, resume: bool = False,
             overrides: dict[str, Any] | None = None,
             on_round: Callable[[RoundRecord], None] | None = None,
-            on_start: Callable[[AppSpec, int], None] | None = None) -> dict[str, Any]:
-    """Run a simulated federation; returns the summary that `--json` writes."""
+            on_start: Callable[[AppSpec, int], None] | None = None,
+            backend: str = "pool", ray_address: str | None = None,
+            client_cpus: float = 1.0, client_gpus: float = 0.0) -> dict[str, Any]:
+    """Run a simulated federation; returns the summary that `--json` writes.
+
+    `backend` "ray" runs the clients as `workers` Ray actors (default: as many as fit) of
+    `client_cpus` CPUs and `client_gpus` GPUs each, on the Ray cluster at `ray_address`
+    (HOST:PORT or auto) or on a private local Ray started and stopped here."""
+    if backend not in BACKENDS:
+        raise PlinthError(f"--backend: expected one of {', '.join(BACKENDS)}, got {backend!r}")
+    if backend == "pool" and (ray_address or client_cpus != 1.0 or client_gpus):
+        raise PlinthError("--ray-address, --client-cpus and --client-gpus need --backend ray")
+    if client_cpus <= 0 or client_gpus < 0 or (client_gpus > 1 and client_gpus % 1):
+        raise PlinthError(f"--client-cpus {client_cpus:g} --client-gpus {client_gpus:g}: CPUs "
+                          f"must be positive, GPUs a share up to 1 or a whole number")
     ov = {**(overrides or {}), "data.clients": clients, "server.rounds": rounds}
     spec = load_app(app_path, ov)
     ov = {k: v for k, v in ov.items() if v is not None}
@@ -204,15 +225,37 @@ def run_sim(app_path: str, *, clients: int, rounds: int | None = None,
     sizes = [len(p) for p in client_partitions(spec.data, train, clients, spec.seed)]
     del train
     ckpt = Checkpointer(spec.resolve(spec.checkpoint_dir)) if spec.checkpoint_dir else None
+    sticky = spec.privacy.secagg is not None
     with tempfile.TemporaryDirectory(prefix="plinth-fl-") as tmp:
         state_dir = str(Path(ckpt.dir) / "clients") if ckpt else tmp
         Path(state_dir).mkdir(parents=True, exist_ok=True)
-        transport = PoolTransport(app_path, ov, clients, sizes, workers=workers,
-                                  state_dir=state_dir, sticky=spec.privacy.secagg is not None)
-        server, records = serve_rounds(spec, transport, model, params, ckpt=ckpt,
-                                       resume=resume, on_round=on_round, on_start=on_start,
-                                       simulated=True)
+        with _transport(backend, app_path, ov, clients, sizes, workers=workers,
+                        state_dir=state_dir, sticky=sticky, ray_address=ray_address,
+                        client_cpus=client_cpus, client_gpus=client_gpus) as transport:
+            server, records = serve_rounds(spec, transport, model, params, ckpt=ckpt,
+                                           resume=resume, on_round=on_round,
+                                           on_start=on_start, simulated=True)
     return summary(spec, records, clients, server.stopped)
+
+
+@contextmanager
+def _transport(backend: str, app_path: str, ov: dict[str, Any], clients: int,
+               sizes: list[int], *, workers: int | None, state_dir: str, sticky: bool,
+               ray_address: str | None, client_cpus: float, client_gpus: float
+               ) -> Iterator[Any]:
+    """The clients' transport; for Ray, inside a Ray session that ends with it."""
+    if backend == "pool":
+        yield PoolTransport(app_path, ov, clients, sizes, workers=workers,
+                            state_dir=state_dir, sticky=sticky)
+        return
+    from plinth.fl.transport.ray import RayTransport, ray_session
+
+    # a private Ray gets the CPUs for `workers` actors (else the machine's)
+    cpus = math.ceil(workers * client_cpus) if workers else None
+    with ray_session(ray_address, num_cpus=cpus):
+        yield RayTransport(app_path, ov, clients, sizes, actors=workers,
+                           client_cpus=client_cpus, client_gpus=client_gpus,
+                           state_dir=state_dir, sticky=sticky)
 
 
 def write_json(result: dict[str, Any], path: str | Path) -> None:

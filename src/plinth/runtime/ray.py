@@ -114,7 +114,7 @@ class RayRuntime(EventQueue):
 
     def __init__(self, address: str, *, notify: Callable[[], None] | None = None,
                  gang_grace_s: float = 10.0, namespace: str = NAMESPACE) -> None:
-        self.ray = _connect(address, namespace)
+        self.ray = connect_ray(address, namespace)
         self._owns_connection = self.ray is not None and _CONNECTED_BY_US[0]
         self.namespace = namespace
         self.gang_grace_s = gang_grace_s
@@ -450,7 +450,7 @@ class RayRuntime(EventQueue):
 _CONNECTED_BY_US = [False]  # whether this process's Ray connection was made by a RayRuntime
 
 
-def _connect(address: str, namespace: str):
+def connect_ray(address: str, namespace: str):
     """Ray, connected to the cluster at `address` (HOST:PORT or auto); one-line errors."""
     host = address.rsplit(":", 1)[0] if address != "auto" else ""
     if host and _is_loopback(host):
