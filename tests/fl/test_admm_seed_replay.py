@@ -8,6 +8,8 @@ uses exactly what such a site has: the config (every seed it could hold, the pub
 and Kirkman design) and the messages it received. It must now do no better than chance.
 """
 
+from pathlib import Path
+
 import numpy as np
 
 from plinth.fl.admm.consensus import ADMMConfig, decode, group_of
@@ -68,3 +70,32 @@ def test_a_site_holding_the_config_cannot_replay_its_partners_randomness():
     print(f"seed-replay attack: best relative recovery error {best:.3g}")
     # chance: guessing 0 has relative error 1; the attack must not beat it
     assert best > 1.0
+
+
+def test_plinth_fl_admm_sites_draw_nothing_from_the_app_seed(tmp_path, monkeypatch):
+    """The task path (`plinth fl admm`, `train_site`), where the finding was: site 0 of the same
+    YAML, run twice, must not draw the λ₀ the old code derived from the app's seed (round 1:
+    SeedSequence([seed, 0xADA, 1]).spawn(v)[me]), nor the same λ₀ twice."""
+    from plinth.fl.admm import task
+    from plinth.fl.sim import initial_model
+
+    tiny = Path(__file__).parent / "apps" / "tiny.py"
+    app = tmp_path / "admm.yaml"
+    app.write_text(f"name: t\ncode: {tiny}\nseed: 0\ndata: {{source: digits, partition: iid}}\n"
+                   "train: {epochs: 1, batch_size: 16, lr: 0.1}\nadmm: {sites: 3, rounds: 1}\n")
+    spec, a = task.load_admm_app(str(app))
+    drawn = []
+
+    def keep_site(site, design, iters, ex):  # the exchange is not needed: keep λ₀ and stop
+        drawn.append(site.lam.copy())
+        return [site.w]
+
+    monkeypatch.setattr(task, "site_loop", keep_site)
+    _, params = initial_model(spec)
+    for _ in range(2):
+        task.train_site(spec, a, type("Ex", (), {"me": 0})(), params, lambda *_: None)
+    old = np.random.default_rng(np.random.SeedSequence([spec.seed, 0xADA, 1]).spawn(3)[0])
+    replayed = old.normal(0.0, 1.0, drawn[0].shape)
+    assert drawn[0].shape == drawn[1].shape and drawn[0].size > 100
+    assert not np.allclose(drawn[0], replayed) and not np.allclose(drawn[1], replayed)
+    assert not np.allclose(drawn[0], drawn[1])

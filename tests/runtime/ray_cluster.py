@@ -19,7 +19,7 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
 import psutil
 
-from plinth.core.net import free_port
+from plinth.core.net import free_ports
 
 OBJECT_STORE_BYTES = 200 * 2**20  # the machine has 24 GiB and 2 cores shared with others
 WORKER_PORTS = 24  # Ray worker processes a node may run at once (one per actor)
@@ -38,16 +38,19 @@ HEAD = NodeSpec("ray-head", gpus=4, cpus=4, rack="r0")
 WORKER = NodeSpec("ray-worker", gpus=2, cpus=4, rack="r1")
 
 
-def _node_args(n: NodeSpec, tmp: str) -> dict:
-    ports = {k: free_port() for k in ("node_manager_port", "object_manager_port",
-                                      "metrics_export_port", "metrics_agent_port",
-                                      "dashboard_agent_listen_port", "runtime_env_agent_port")}
+PORT_NAMES = ("node_manager_port", "object_manager_port", "metrics_export_port",
+              "metrics_agent_port", "dashboard_agent_listen_port", "runtime_env_agent_port")
+
+
+def _node_args(n: NodeSpec, tmp: str, ports: list[int]) -> dict:
+    """A node's arguments, taking its ports from `ports` (distinct for the whole cluster)."""
+    named = {k: ports.pop() for k in PORT_NAMES}
     return dict(node_ip_address="127.0.0.1", num_cpus=n.cpus, num_gpus=n.gpus,
                 resources={f"rack:{n.rack}": 1, f"accelerator_type:{n.model}": 1},
                 labels={"plinth-node": n.name, "rack": n.rack},
                 object_store_memory=OBJECT_STORE_BYTES, temp_dir=tmp,
-                worker_port_list=",".join(str(free_port()) for _ in range(WORKER_PORTS)),
-                **ports)
+                worker_port_list=",".join(str(ports.pop()) for _ in range(WORKER_PORTS)),
+                **named)
 
 
 class LocalRayCluster:
@@ -58,13 +61,14 @@ class LocalRayCluster:
 
         # Short: Ray's socket paths under it must fit in 107 bytes.
         self.tmp = tempfile.mkdtemp(prefix="plray-", dir="/tmp")
-        head = _node_args(nodes[0], self.tmp)
-        head.update(gcs_server_port=free_port(), ray_client_server_port=free_port(),
+        ports = free_ports(len(nodes) * (len(PORT_NAMES) + WORKER_PORTS) + 2)
+        head = _node_args(nodes[0], self.tmp, ports)
+        head.update(gcs_server_port=ports.pop(), ray_client_server_port=ports.pop(),
                     include_dashboard=False)
         self.cluster = Cluster(initialize_head=True, head_node_args=head,
                                shutdown_at_exit=True)
         for n in nodes[1:]:
-            self.cluster.add_node(**_node_args(n, self.tmp))
+            self.cluster.add_node(**_node_args(n, self.tmp, ports))
         self.cluster.wait_for_nodes()
         self.address = self.cluster.address
         self.nodes = nodes

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import socket
 
 
@@ -11,3 +12,14 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
+    """`n` distinct TCP ports free on `host` now: all held at once while the OS picks them, so
+    none is handed out twice (as `free_port` called `n` times may)."""
+    with contextlib.ExitStack() as stack:
+        socks = [stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+                 for _ in range(n)]
+        for s in socks:
+            s.bind((host, 0))
+        return [int(s.getsockname()[1]) for s in socks]

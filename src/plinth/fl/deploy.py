@@ -26,6 +26,7 @@ from plinth.fl.sim import initial_model, serve_rounds, summary
 from plinth.fl.transport.grpc import GrpcClient, GrpcTransport, load_tokens, parse_address, read_pem
 
 log = logging.getLogger("plinth.fl.deploy")
+SECAGG_MAX_CLIENTS = 1 << 15  # SecAgg+'s default fixed point (clip 1, scale 2^16) sums 32,767
 
 
 def run_server(app_path: str, *, address: str, rounds: int | None = None, resume: bool = False,
@@ -98,8 +99,13 @@ def _listen(spec: AppSpec, app_path: str, address: str, *, require_tokens: bool 
             raise SpecError(f"{app_path}: transport.tls: the server needs both cert and key")
         cert = read_pem(spec.resolve(t.tls.cert), "transport.tls.cert")
         key = read_pem(spec.resolve(t.tls.key), "transport.tls.key")
+    # SecAgg+ keeps each round client's reply to a stage until the stage closes (the masked
+    # inputs are the sum's terms), so the bound on whole replies held at once must cover a
+    # round; the default 8 stalled every 10-client round for straggler_timeout and lost two
+    # clients a stage. The bound stays for plain rounds, which fold each reply as it arrives.
+    held = {} if spec.privacy.secagg is None else {"max_bodies": SECAGG_MAX_CLIENTS}
     return GrpcTransport(address, tokens=tokens, cert=cert, key=key, chunk_size=t.chunk_size,
-                         consent=consent)
+                         consent=consent, **held)
 
 
 def _dial(spec: AppSpec, server: str, client_id: str, token: str | None,

@@ -27,7 +27,10 @@ b. each site adds what it holds and sends that partial sum to its partners: each
 c. the lowest-id member of each triple publishes S_g to the other sites; z = sum_g S_g.
 
 So a site sees its partners' contributions only through S_g (minus its own: the sum of two
-sites), and outsiders see only S_g. Fixed-point scale 2^32 gives ~2e-10 absolute resolution and
+sites), and outsiders see only S_g. That holds within one iteration only: y_i is the same
+public linear function of (w_i, lambda_i,0) at every site, so from 7 iterations on the
+published S_g can determine models (tests/fl/test_admm_triple_sums.py; the threat model in
+docs/fl_privacy.md). Fixed-point scale 2^32 gives ~2e-10 absolute resolution and
 values up to 2^31 / (number of sites) in magnitude.
 """
 
