@@ -5,10 +5,12 @@ its last round checkpoint and finishes with every round recorded."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -36,6 +38,34 @@ def app(tmp_path: Path, **extra) -> Path:
     return p
 
 
+@contextlib.contextmanager
+def task_platform(tmp_path: Path, spec: Path, *extra: str) -> Iterator[tuple[Platform, list]]:
+    """A real `plinth up` with the task submitted and its two clients joining over gRPC;
+    the clients and the control plane's jobs are ended afterwards whatever happens."""
+    p = Platform(tmp_path / "home", *extra).start()
+    clients: list[subprocess.Popen] = []
+    try:
+        out = cli(p, "submit", str(spec))
+        assert out.returncode == 0 and "Submitted FLTask digits-fl" in out.stdout, out.stderr
+        address = p.client().workload("digits-fl")["status"]["address"]
+        tokens = (tmp_path / "tokens.txt").read_text().split("\n")
+        for i in range(2):
+            clients.append(subprocess.Popen(
+                [sys.executable, "-m", "plinth.cli.main", "fl", "client", str(spec), "--server",
+                 address, "--cid", str(i), "--token", tokens[i].split()[1]],
+                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                env={**os.environ, "OMP_NUM_THREADS": "1"}))
+        yield p, clients
+        for proc in clients:
+            proc.wait(120)
+    finally:
+        for proc in clients:
+            if proc.poll() is None:
+                proc.kill()
+        p.stop()
+        p.kill_jobs()
+
+
 def server_procs(home: Path) -> list[psutil.Process]:
     return [p for p in psutil.process_iter(["cmdline", "environ"])
             if "server" in (p.info.get("cmdline") or []) and "fl" in (p.info.get("cmdline") or [])
@@ -45,22 +75,8 @@ def server_procs(home: Path) -> list[psutil.Process]:
 
 def test_an_fl_task_survives_its_control_plane_and_server_being_killed(tmp_path, wait_for):
     spec = app(tmp_path)
-    p = Platform(tmp_path / "home").start()
-    clients: list[subprocess.Popen] = []
-    try:
-        out = cli(p, "submit", str(spec))
-        assert out.returncode == 0 and "Submitted FLTask digits-fl" in out.stdout, out.stderr
+    with task_platform(tmp_path, spec) as (p, _):
         c = p.client()
-        task = c.workload("digits-fl")
-        address = task["status"]["address"]
-        tokens = (tmp_path / "tokens.txt").read_text().split("\n")
-        for i in range(2):
-            token = tokens[i].split()[1]
-            clients.append(subprocess.Popen(
-                [sys.executable, "-m", "plinth.cli.main", "fl", "client", str(spec), "--server",
-                 address, "--cid", str(i), "--token", token],
-                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                env={**os.environ, "OMP_NUM_THREADS": "1"}))
         wait_for(lambda: c.workload("digits-fl")["status"].get("round", 0) >= 2, 180,
                  "two rounds")
         # kill -9 of the control plane: the server job goes on, and is re-adopted.
@@ -85,14 +101,6 @@ def test_an_fl_task_survives_its_control_plane_and_server_being_killed(tmp_path,
         assert done["status"]["per_round"][-1]["accuracy"] > 0.5 and at < ROUNDS
         show = cli(p, "show", "digits-fl")
         assert f"round {ROUNDS} of {ROUNDS}" in show.stdout and "accuracy per round" in show.stdout
-        for proc in clients:
-            proc.wait(120)
-    finally:
-        for proc in clients:
-            if proc.poll() is None:
-                proc.kill()
-        p.stop()
-        p.kill_jobs()
 
 
 def test_an_fl_task_without_client_tokens_is_refused(tmp_path, shared_platform) -> None:
@@ -119,20 +127,9 @@ def test_a_tree_tasks_leaf_aggregators_are_units_on_the_servers_node(tmp_path, w
     doc = yaml.safe_load(spec.read_text())
     doc["server"] |= {"rounds": rounds, "aggregation": {"mode": "tree", "max_leaves": 2}}
     spec.write_text(yaml.safe_dump(doc))
-    p = Platform(tmp_path / "home", "--fake-gpus", "1xA100,1xV100").start()
-    clients: list[subprocess.Popen] = []
-    try:
-        out = cli(p, "submit", str(spec))
-        assert out.returncode == 0, out.stderr
+    with task_platform(tmp_path, spec, "--fake-gpus", "1xA100,1xV100") as (p, _):
         c = p.client()
-        address = c.workload("digits-fl")["status"]["address"]
-        tokens = (tmp_path / "tokens.txt").read_text().split("\n")
-        for i in range(2):
-            clients.append(subprocess.Popen(
-                [sys.executable, "-m", "plinth.cli.main", "fl", "client", str(spec), "--server",
-                 address, "--cid", str(i), "--token", tokens[i].split()[1]],
-                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                env={**os.environ, "OMP_NUM_THREADS": "1"}))
+
         def node_of(job_id: int) -> str:
             return c.job(job_id)["allocation"]["slots"][0]["node_name"]
 
@@ -155,11 +152,3 @@ def test_a_tree_tasks_leaf_aggregators_are_units_on_the_servers_node(tmp_path, w
         assert [r["round"] for r in per_round] == list(range(1, rounds + 1))
         assert all(r["leaves"] and r["leaves"] >= 1 for r in per_round), per_round
         assert all(u["state"] not in ("running", "pending") for u in done["units"]), done["units"]
-        for proc in clients:
-            proc.wait(120)
-    finally:
-        for proc in clients:
-            if proc.poll() is None:
-                proc.kill()
-        p.stop()
-        p.kill_jobs()
