@@ -110,7 +110,7 @@ def test_a_service_scales_survives_replica_and_control_plane_kills(serving, tmp_
 
 
 def test_bad_service_specs_are_one_line_errors(shared_platform, tmp_path) -> None:
-    base = yaml.safe_load(EXAMPLE.read_text())
+    base = yaml.safe_load(EXAMPLE.read_text()) | {"workdir": str(EXAMPLE.parents[2])}
     cases = {
         "model: no such file": {"model": "missing.pt"},
         "max_replicas": {"max_replicas": 0},

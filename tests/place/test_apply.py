@@ -11,9 +11,11 @@ def _plan(model, inputs, devices=3):
     prof = profile(model, inputs, repeats=1)
     prof.graph.validate()
     g = prof.graph
-    # Room for about half the model per device: it has to be split.
+    # Room for less than the whole model per device: it has to be split. Not much less: the
+    # coarsened groups follow measured times, so on a loaded machine a group can come out
+    # larger than an even split (0.6 of the model was once too little on 2 devices).
     need = int((g.perm_bytes + g.temp_bytes).max())
-    memory = int(max(g.total_bytes() * 0.6, need * 1.5))
+    memory = int(max(g.total_bytes() * 0.8, need * 1.5))
     plan = plan_graph(g, Devices.uniform(devices, memory), PCIE,
                       device_names=["cpu"] * devices, notes=prof.notes)
     assert len(set(plan.assign.values())) > 1

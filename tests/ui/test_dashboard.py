@@ -454,7 +454,9 @@ def test_fl_page_shows_a_live_task_to_its_tenant_only(platform, world, browser, 
     # tenant of its own Unix user could not: the file is 0600).
     with platform.client() as a:
         task = a.submit_workload(app)
-        _until(lambda: [u["state"] for u in a.workload("live-fl")["units"]] == ["running"], 120)
+        # its server, then the tree's leaf units beside it
+        _until(lambda: {u["unit"]: u["state"] for u in a.workload("live-fl")["units"]}.get(
+            "server") == "running", 120)
         clients = [subprocess.Popen(
             [sys.executable, "-m", "plinth.cli.main", "fl", "client", str(app), "--server",
              task["status"]["address"], "--cid", str(i), "--token", line.split()[1]],
