@@ -93,3 +93,27 @@ def test_a_service_replica_runs_on_a_ray_node_and_answers(ray_cluster, tmp_path)
     finally:
         stop_server(proc)
         kill_jobs(home)
+
+
+def test_a_priority_job_preempts_a_gang_that_spans_both_ray_nodes(up):
+    """Every GPU of the 2-node cluster is held by one preemptible gang (workers on both
+    nodes); a higher-priority job preempts it: its workers are stopped on both nodes, the
+    urgent job runs, and the gang is requeued."""
+    url, token, _, _ = up
+    with Client(url, token) as c:
+        gang = c.submit({"kind": "Job", "name": "wide", "workers": 3, "priority": 0,
+                         "command": ["sh", "-c", "echo up; exec sleep 600"],
+                         "resources": {"cpus": 0.1, "memory": 64, "gpus": 2}})
+        wait_for(lambda: c.logs(gang).count("up\n") == 3, "the gang's 3 workers", timeout=180)
+        nodes = {s["node_name"] for s in c.job(gang)["allocation"]["slots"]}
+        assert nodes == {"ray-head", "ray-worker"}, nodes
+        urgent = c.submit({"kind": "Job", "name": "urgent", "priority": 10,
+                           "command": ["echo", "urgent-ran"],
+                           "resources": {"cpus": 0.1, "memory": 64, "gpus": 2}})
+        assert c.wait(urgent, timeout=180) == "succeeded"
+        assert "urgent-ran" in c.logs(urgent)
+        kinds = [e["kind"] for e in c.job(gang)["events"]]
+        assert kinds[:4] == ["submitted", "started", "stop-preempt", "preempted"], kinds
+        assert c.job(gang)["preemptions"] == 1
+        c.cancel(gang)
+        assert c.wait(gang, timeout=120) == "cancelled"
