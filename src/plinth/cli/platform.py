@@ -30,7 +30,7 @@ def up(
     = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port for the REST API.")] = 8642,
     home: Annotated[Path | None, typer.Option(envvar="PLINTH_HOME",
-                                              help="State directory [default: ~/.plinth].")] = None,
+                                              help="State directory (default: ~/.plinth).")] = None,
     db: Annotated[str | None, typer.Option(help="SQLAlchemy URL, e.g. postgresql://u@host/db "
                                                 "[default: SQLite at $PLINTH_HOME/plinth.db].")]
     = None,

@@ -182,7 +182,8 @@ class Cluster:
             if n.num_gpus:
                 by_model[n.gpu_model] = by_model.get(n.gpu_model, 0) + n.num_gpus  # type: ignore[index]
         parts = ", ".join(f"{g}x{m}" for m, g in by_model.items())
-        return f"{len(self.nodes)} nodes, {self.total_gpus} GPUs ({parts})"
+        nodes = f"{len(self.nodes)} node{'s' if len(self.nodes) != 1 else ''}"
+        return f"{nodes}, {self.total_gpus} GPUs ({parts})"
 
 
 @dataclass(frozen=True, slots=True)
