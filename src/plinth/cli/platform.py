@@ -17,9 +17,9 @@ from plinth.core.errors import PlinthError
 console = Console()
 
 Server = Annotated[str | None, typer.Option("--server", envvar="PLINTH_SERVER",
-                                           help="Control plane URL [default: 127.0.0.1:8642].")]
+                                           help="Control plane URL (default: 127.0.0.1:8642).")]
 Token = Annotated[str | None, typer.Option("--token", envvar="PLINTH_TOKEN",
-                                          help="API token [default: $PLINTH_HOME/token].")]
+                                          help="API token (default: $PLINTH_HOME/token).")]
 
 STATE_STYLE = {"pending": "yellow", "running": "green", "stopping": "magenta",
                "succeeded": "bold green", "failed": "red", "cancelled": "dim", "timeout": "red"}

@@ -46,11 +46,11 @@ def _window(text: str | None) -> tuple[int, int | None]:
 @app.command()
 def sim(
     trace: Annotated[str | None, typer.Option(
-        help=f"Per-minute count trace (Faro JSONL, or Azure LLM CSV) [default: "
-             f"${TRACES_ENV}/{DEFAULT_TRACE}].")] = None,
+        help=f"Per-minute count trace (Faro JSONL, or Azure LLM CSV) (default: "
+             f"${TRACES_ENV}/{DEFAULT_TRACE}).")] = None,
     service_time: Annotated[str | None, typer.Option(
         help=f"Service-time fit: a YAML file, or faro-10job (the fit of Faro's 10-job "
-             f"experiment) [default: ${TRACES_ENV}/{DEFAULT_SERVICE}].")] = None,
+             f"experiment) (default: ${TRACES_ENV}/{DEFAULT_SERVICE}).")] = None,
     slo_ms: Annotated[float, typer.Option(help="Latency SLO per request (ms).")] = 720.0,
     cpus: Annotated[int, typer.Option(help="Quota: replicas in all (1 CPU each).")] = 32,
     policy: Annotated[str, typer.Option(help="Policy (see `plinth serve policies`).")] =
@@ -61,8 +61,8 @@ def sim(
     quantile: Annotated[float, typer.Option(help="Faro's forecast quantile.")] = 0.6,
     cold_start_s: Annotated[float | None, typer.Option(
         "--cold-start-s", "--cold-start",
-        help="Replica cold start (s) [default: the measured start of a real replica, "
-             "plinth.serve.sim.COLD_START_S; Faro's simulator uses 35].")] = None,
+        help="Replica cold start (s) (default: the measured start of a real replica, "
+             "plinth.serve.sim.COLD_START_S; Faro's simulator uses 35).")] = None,
     queueing: Annotated[str, typer.Option(
         help="router (the platform's: fewest in flight, 4 per replica, a queue per replica), "
              "round-robin (Faro's router) or fifo (one central queue).")] = "router",
