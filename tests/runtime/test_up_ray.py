@@ -90,6 +90,9 @@ def test_a_service_replica_runs_on_a_ray_node_and_answers(ray_cluster, tmp_path)
             (unit,) = c.workload("digits")["units"]
             slot = c.job(unit["job_id"])["allocation"]["slots"][0]
             assert slot["node_name"] in ("ray-head", "ray-worker"), slot
+            # Stopped through the runtime, so its actor leaves the shared Ray cluster too.
+            c.cancel_workload("digits")
+            assert c.wait(unit["job_id"], timeout=120) == "cancelled"
     finally:
         stop_server(proc)
         kill_jobs(home)
@@ -104,7 +107,12 @@ def test_a_priority_job_preempts_a_gang_that_spans_both_ray_nodes(up):
         gang = c.submit({"kind": "Job", "name": "wide", "workers": 3, "priority": 0,
                          "command": ["sh", "-c", "echo up; exec sleep 600"],
                          "resources": {"cpus": 0.1, "memory": 64, "gpus": 2}})
-        wait_for(lambda: c.logs(gang).count("up\n") == 3, "the gang's 3 workers", timeout=180)
+        try:
+            wait_for(lambda: c.logs(gang).count("up\n") == 3, "the gang's 3 workers",
+                     timeout=180)
+        except AssertionError as e:
+            j = c.job(gang)
+            raise AssertionError(f"{e}: {j['state']}, {j.get('reason')}, {j['events']}") from None
         nodes = {s["node_name"] for s in c.job(gang)["allocation"]["slots"]}
         assert nodes == {"ray-head", "ray-worker"}, nodes
         urgent = c.submit({"kind": "Job", "name": "urgent", "priority": 10,
