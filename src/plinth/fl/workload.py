@@ -147,7 +147,6 @@ class FLTaskController:
             want = int(shape["leaves"])
         except (OSError, ValueError, KeyError, TypeError):
             want = 1 if agg.leaves == "auto" else agg.leaves
-        w.status["tree_leaves"] = want
         return min(agg.max_leaves, want + WARM_LEAVES)
 
     def finished(self, w: Workload, observed: Mapping[str, Observed]) -> str | None:
