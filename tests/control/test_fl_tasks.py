@@ -75,10 +75,15 @@ def server_procs(home: Path) -> list[psutil.Process]:
 
 def test_an_fl_task_survives_its_control_plane_and_server_being_killed(tmp_path, wait_for):
     spec = app(tmp_path)
-    with task_platform(tmp_path, spec) as (p, _):
+    with task_platform(tmp_path, spec) as (p, clients):
         c = p.client()
         wait_for(lambda: c.workload("digits-fl")["status"].get("round", 0) >= 2, 180,
                  "two rounds")
+        # The clients are paused until the server has been killed, so the kills land mid-task
+        # however fast the rounds run (on CI the task once finished during the restart).
+        paused = [psutil.Process(proc.pid) for proc in clients]
+        for proc in paused:
+            proc.suspend()
         # kill -9 of the control plane: the server job goes on, and is re-adopted.
         p.stop(signal.SIGKILL)
         p.start()
@@ -91,6 +96,8 @@ def test_an_fl_task_survives_its_control_plane_and_server_being_killed(tmp_path,
         assert victims
         for proc in victims:
             proc.kill()
+        for proc in paused:
+            proc.resume()
         wait_for(lambda: c.job(unit["job_id"])["attempt"] > unit["attempt"], 60,
                  "the server to start again")
         wait_for(lambda: c.workload("digits-fl")["state"] != "active", 300, "the task to end")
