@@ -156,6 +156,18 @@ def test_gpu_quota_is_enforced(platform, wait_for) -> None:
         c.cancel(second)
 
 
+def test_tenants_without_a_quota_share_what_the_quotas_leave(platform, wait_for) -> None:
+    """Giving one tenant a quota of 1 of the 4 GPUs leaves the other 3 to the tenants without
+    one (here `default`): a 3-GPU job of `default` runs on its own nominal quota. It was held to
+    0 nominal GPUs, so it could only borrow `alpha`'s 1 idle GPU and waited for ever."""
+    with platform.client() as c:
+        c.set_tenant("alpha", gpus=1)
+        j = c.submit(job("sleep 30", resources={"gpus": 3}))
+        wait_for(lambda: c.job(j)["state"] == "running", what="the 3-GPU job of default")
+        c.cancel(j)
+        c.wait(j, timeout=30)
+
+
 @pytest.mark.parametrize("policy", ["fifo", "sjf", "priority", "tiresias"])
 def test_every_platform_policy_runs_jobs(policy, tmp_path, platform_factory) -> None:
     """drf is the default and is covered above; the other platform policies run a 2-job queue

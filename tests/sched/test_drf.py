@@ -588,3 +588,26 @@ def test_tenant_queues_of_a_sorted_container_need_no_scan() -> None:
     other = SortedKeyList(snap.pending, key=lambda js: (js.job.submit_time, js.id))
     assert {t: list(q) for t, q in tenant_queues(other, key=pol.order).items()} == \
         {t: list(q) for t, q in by_tenant.items()}
+
+
+def test_platform_quotas_share_the_rest_among_tenants_without_one() -> None:
+    from plinth.sched.quota import platform_quotas
+
+    rows = [{"name": "a", "gpus": 6.0, "borrowing_limit": 0.0},
+            {"name": "default", "gpus": None, "borrowing_limit": None},
+            {"name": "c", "gpus": None, "borrowing_limit": 1.0}]
+    got = {q.name: (q.nominal_gpus, q.borrowing_limit) for q in platform_quotas(rows, 16)}
+    assert got == {"a": (6.0, 0.0), "default": (5.0, None), "c": (5.0, 1.0)}
+    # Quotas that take the whole cluster (or more) leave nothing; none set: DRF derives them.
+    assert {q.name: q.nominal_gpus for q in platform_quotas(rows, 4)}["default"] == 0.0
+    assert platform_quotas([r | {"gpus": None} for r in rows], 16) == ()
+    # A quota of 1 of 4 GPUs for `a`: `default`'s 3-GPU job starts on its own nominal quota.
+    # Held to 0 nominal GPUs, it could borrow only a's idle GPU and did not start.
+    rows = [{"name": "a", "gpus": 1.0, "borrowing_limit": None},
+            {"name": "default", "gpus": None, "borrowing_limit": None}]
+    for tenants, starts in ((platform_quotas(rows, 4), 1),
+                            ((TenantQuota("a", 1.0), TenantQuota("default", 0.0)), 0)):
+        cluster = make_cluster(nodes=1, gpus=4, tenants=tenants)
+        policy = FairShare()
+        d = policy.schedule(snapshot(cluster, policy, [job("default", gpus=3)]), NOW)
+        assert len(d.starts) == starts, d.waiting

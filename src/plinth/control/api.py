@@ -20,13 +20,13 @@ from pydantic import BaseModel, Field
 import plinth
 from plinth.control.auth import Auth, Principal, check_tenant_name
 from plinth.control.bodylimit import DEFAULT_MAX_BODY_BYTES, BodyLimit
-from plinth.sched.lifecycle import TERMINAL, State
+from plinth.control.kinds import check_kind
 from plinth.control.service import Conflict, ControlPlane, NotFound
 from plinth.control.spec import JobSpec
 from plinth.control.store import TOKEN_ID_CHARS, digest
 from plinth.core.errors import PlinthError, SpecError, UnplaceableError
 from plinth.core.spec import errors_message, spec_from_dict
-from plinth.control.kinds import check_kind
+from plinth.sched.lifecycle import TERMINAL, State
 
 LOG_CHUNK = 1 << 20
 MAX_ID = 2**63 - 1  # SQL BIGINT

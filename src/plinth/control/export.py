@@ -51,13 +51,14 @@ from typing import Any
 import numpy as np
 
 from plinth.control.service import DEFAULT_ESTIMATE_S, job_from_spec
-from plinth.control.spec import JobSpec
 from plinth.control.service import policy_options as platform_policy_options
+from plinth.control.spec import JobSpec
 from plinth.core.errors import SpecError
-from plinth.core.resources import Cluster, Node, Request, TenantQuota
+from plinth.core.resources import Cluster, Node, Request
 from plinth.core.throughput import FIXED_SPEED
 from plinth.core.workload import Job
 from plinth.sched.lifecycle import State
+from plinth.sched.quota import platform_quotas
 from plinth.sched.types import SchedConfig
 
 META_FORMAT = "plinth-export/1"
@@ -198,21 +199,13 @@ def build_export(records: Iterable[Mapping[str, Any]]) -> Export:
 
 # --- the cluster and the scheduler's configuration ----------------------------------------------
 
-def platform_quotas(tenants: Sequence[Mapping[str, Any]]) -> tuple[TenantQuota, ...]:
-    """The quotas the control plane applies (as `ControlPlane._rebuild` does): none if no tenant
-    has a GPU quota (DRF then gives every tenant seen an equal share), else every tenant, one
-    without a quota getting 0 nominal GPUs."""
-    if not any(t["gpus"] is not None for t in tenants):
-        return ()
-    return tuple(TenantQuota(t["name"], t["gpus"] or 0.0, t["borrowing_limit"]) for t in tenants)
-
-
 def cluster_from_api(nodes: Sequence[Mapping[str, Any]],
                      tenants: Sequence[Mapping[str, Any]] | None) -> Cluster:
     """The cluster a replay runs on, from `/v1/nodes` and `/v1/tenants`."""
     return Cluster(tuple(Node(n["name"], round(float(n["cpus"]) * 1000), int(n["memory_mib"]),
                               n["gpu_model"], int(n["gpus"])) for n in nodes),
-                   name="platform", tenants=platform_quotas(tenants or []))
+                   name="platform",
+                   tenants=platform_quotas(tenants or [], sum(int(n["gpus"]) for n in nodes)))
 
 
 def policy_options(policy: str) -> dict[str, Any]:

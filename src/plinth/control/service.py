@@ -49,6 +49,7 @@ from plinth.sched.lifecycle import State
 from plinth.sched.placement import never_fits
 from plinth.sched.policies import make_policy
 from plinth.sched.policies.base import Policy
+from plinth.sched.quota import platform_quotas
 from plinth.sched.types import SchedConfig
 
 log = logging.getLogger("plinth.control")
@@ -138,16 +139,14 @@ class ControlPlane:
     def _rebuild(self) -> Policy:
         """(Re)build the cluster and the policy from the nodes and the tenants' quotas."""
         rows = self.store.tenants()
-        quotas = tuple(TenantQuota(r["name"], r["gpus"] or 0.0, r["borrowing_limit"])
-                       for r in rows)
-        with_quota = any(r["gpus"] is not None for r in rows)
+        quotas = platform_quotas(rows, sum(n.num_gpus for n in self.nodes))
         self.tenant_names = frozenset(r["name"] for r in rows)
         self.tenant_users: dict[str, str | None] = {r["name"]: r["unix_user"] for r in rows}
         self._never_fits: dict[Request, str | None] = {}  # the nodes are fixed: memoised
         self.cluster = Cluster(tuple(self.nodes), name="local",
-                               tenants=quotas if with_quota else ())
+                               tenants=quotas)
         policy = make_policy(self.policy_name,
-                             **policy_options(self.policy_name, quotas if with_quota else None))
+                             **policy_options(self.policy_name, quotas or None))
         missing = sorted(policy.requires - self.runtime.capabilities)
         if missing:
             raise SpecError(f"--policy: {policy.name} needs a runtime that can "

@@ -26,8 +26,8 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from plinth.sched.lifecycle import TERMINAL, State, check_transition
 from plinth.core.errors import PlinthError, SpecError
+from plinth.sched.lifecycle import TERMINAL, State, check_transition
 
 metadata = sa.MetaData()
 
@@ -419,7 +419,7 @@ class GroupCommit:
                 batch.append(nxt)
             try:
                 ids = self.store.insert_jobs([(r, t, m) for r, t, m, _ in batch])
-            except Exception as e:  # noqa: BLE001 -- every waiter hears about it
+            except Exception as e:
                 for *_, fut in batch:
                     fut.set_exception(e)
                 continue

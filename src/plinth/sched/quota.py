@@ -17,8 +17,9 @@ queue (`tenant_queues`) and a borrowing tenant's jobs handed out as reclaim vict
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from plinth.core.resources import MILLI, Cluster, Request, TenantQuota
 from plinth.sched.types import JobState
@@ -45,6 +46,24 @@ def derive_quotas(cluster: Cluster, tenants: Iterable[str]) -> tuple[TenantQuota
         return ()
     share = cluster.total_gpus / len(names)
     return tuple(TenantQuota(n, share) for n in names)
+
+
+def platform_quotas(tenants: Iterable[Mapping[str, Any]], total_gpus: float
+                    ) -> tuple[TenantQuota, ...]:
+    """The quotas of the platform's tenants (rows with `name`, `gpus`, `borrowing_limit`).
+
+    None if no tenant has a GPU quota: DRF then gives every tenant it sees an equal share
+    (`derive_quotas`). Otherwise each tenant without a quota gets an equal share of the GPUs
+    the explicit quotas leave, so `default` is not held to 0 nominal GPUs (and preempted on
+    every reclaim) as soon as another tenant is given a quota."""
+    rows = list(tenants)
+    unset = [t for t in rows if t["gpus"] is None]
+    if len(unset) == len(rows):
+        return ()
+    left = max(0.0, total_gpus - sum(t["gpus"] for t in rows if t["gpus"] is not None))
+    rest = left / len(unset) if unset else 0.0
+    return tuple(TenantQuota(t["name"], rest if t["gpus"] is None else t["gpus"],
+                             t["borrowing_limit"]) for t in rows)
 
 
 @dataclass(slots=True)
