@@ -5,7 +5,8 @@ the gRPC peer exchange on 127.0.0.1 (token-authenticated), not from an in-proces
 
 Part 1: relative error max|z_k - sum pi_i w_i| / max|sum pi_i w_i| after each ADMM iteration, for
 9, 15 and 21 sites holding random 7,850-parameter models (iterations capped at 2 (v-1)/2 - 1).
-Part 2: federated training of softmax regression on MNIST (sklearn digits fallback) with 9 and 15
+Part 2: what the pair masks that hide the triple sums cost a site per iteration (computing m_i
+for 20 peers), against the iteration's own arithmetic. Part 3: federated training of softmax regression on MNIST (sklearn digits fallback) with 9 and 15
 sites of unequal size: each round every site trains locally from the current model, then the
 sites aggregate by the decentralised ADMM protocol over gRPC; the baseline is centralised FedAvg
 (exact weighted average) with the same local training and the same per-site random streams.
@@ -27,7 +28,7 @@ from fl_robust import load_data, local_sgd, predict  # bench/ is on sys.path whe
 from rich.console import Console
 from rich.table import Table
 
-from plinth.fl.admm.consensus import ADMMConfig, Site, iteration_cap
+from plinth.fl.admm.consensus import ADMMConfig, PairMasks, Site, iteration_cap
 from plinth.fl.admm.kirkman import kirkman_triple_system
 from plinth.fl.admm.loopback import run_admm_processes, run_sites, site_loop
 
@@ -38,6 +39,26 @@ def errors_per_iteration(v: int, d: int, seed: int) -> list[float]:
     n = rng.integers(100, 3000, v)
     rep, _ = run_admm_processes(w, n.tolist(), timeout=120)
     return rep.errors
+
+
+def mask_cost(v: int, d: int, repeat: int = 5) -> tuple[float, float]:
+    """(ms for one site's m_i, ms for its shares of pi_i y_i) per iteration, d parameters,
+    v sites; medians of `repeat`."""
+    masks = [PairMasks(i) for i in range(v)]
+    publics = {i: m.public() for i, m in enumerate(masks)}
+    masks[0].agree(publics)
+    site = Site(0, np.zeros(d), 1.0 / v, ADMMConfig())
+    site.agree(publics)
+    mask_ms, share_ms = [], []
+    for k in range(repeat):
+        t0 = time.perf_counter()
+        masks[0].mask(k, d)
+        t1 = time.perf_counter()
+        site.shares(k, (0, 1, 2))  # steps 1-2, the mask, and the additive shares
+        site.partial([np.zeros(d, np.uint64)] * 2)
+        mask_ms.append(1e3 * (t1 - t0))
+        share_ms.append(1e3 * (time.perf_counter() - t1))
+    return float(np.median(mask_ms)), float(np.median(share_ms))
 
 
 def shards_of(sites: int, n: int, seed: int) -> list[np.ndarray]:
@@ -120,6 +141,15 @@ def main() -> None:
         t.add_row(str(v), str(iteration_cap(v)), " ".join(f"{x:.1e}" for x in e),
                   f"{time.perf_counter() - t0:.1f}")
     console.print(t)
+    tm = Table(title="Pair masks: one site's cost per iteration, 21 sites (20 peers)")
+    for col in ("parameters", "m_i (ms)", "whole share step, m_i included (ms)"):
+        tm.add_column(col, justify="right")
+    out["mask_ms"] = {}
+    for d in (7_850, 1_000_000):
+        m, sh = mask_cost(21, d)
+        out["mask_ms"][d] = {"mask": m, "share_step": sh}
+        tm.add_row(f"{d:,}", f"{m:.2f}", f"{sh:.2f}")
+    console.print(tm)
     name, _, data = load_data(args.train, args.seed)
     t2 = Table(title=f"{name}: test accuracy after {args.rounds} rounds, softmax regression")
     for col in ("sites", "centralised FedAvg", "ADMM over gRPC", "gap (points)",

@@ -13,7 +13,6 @@ from typer.testing import CliRunner
 from plinth.core.errors import PlinthError, SpecError
 from plinth.fl import serde
 from plinth.fl.admm.consensus import run_admm
-from plinth.fl.admm.kirkman import kirkman_triple_system
 from plinth.fl.admm.loopback import run_admm_processes
 from plinth.fl.admm.task import load_admm_app, read_peers
 from plinth.fl.transport.peer import SERVICE, PeerExchange
@@ -53,27 +52,25 @@ def test_nine_site_processes_over_grpc_average_without_seeing_partner_values():
     assert rep.errors[-1] < 1e-6
     np.testing.assert_allclose(rep.z, (np.asarray(n) / sum(n)) @ w, atol=1e-6)
 
-    design = kirkman_triple_system(v)
     sent = [s.result[1] for s in sites]  # each site's encoded pi_i y_i, per iteration
     own = {sent[i][k].tobytes() for i in range(v) for k in range(rep.iterations)}
-    group_sums = set()
-    for k in range(rep.iterations):
-        for tri in design[k % len(design)]:
-            group_sums.add(sum((sent[i][k] for i in tri), np.zeros(d, np.uint64)).tobytes())
     for s in sites:
-        uniform, published = [], 0
+        uniform, keys = [], 0
         for _sender, _seq, arr in s.audit_log:
             assert arr.tobytes() not in own  # no y_i ever crosses the wire in the clear
-            if _looks_encoded(arr) > 0.9:  # a triple's published sum S_g, nothing finer
-                assert arr.tobytes() in group_sums
-                published += 1
-            else:  # a share or a partial sum: uniform words
-                assert _looks_encoded(arr) < 0.05
-                uniform.append(arr)
-        # per iteration: a share and a partial from each of 2 partners; 2 other triples' sums
-        assert len(uniform) == 4 * rep.iterations and published == 2 * rep.iterations
+            if arr.dtype == np.uint8:  # a peer's public key for the pair masks
+                assert arr.size == 32
+                keys += 1
+                continue
+            # a share, a partial sum or another triple's masked sum: uniform words, so not
+            # even a triple's sum S_g is published
+            assert _looks_encoded(arr) < 0.05
+            uniform.append(arr)
+        # one key from each other site; per iteration a share and a partial from each of 2
+        # partners, and 2 other triples' sums
+        assert keys == v - 1 and len(uniform) == 6 * rep.iterations
         top = np.bincount((np.concatenate(uniform) >> np.uint64(60)).astype(int), minlength=16)
-        expect = 4 * rep.iterations * d / 16  # the top 4 bits of uniform words: flat
+        expect = 6 * rep.iterations * d / 16  # the top 4 bits of uniform words: flat
         assert np.all(np.abs(top - expect) < 6 * np.sqrt(expect))
         assert s.rejected == []
 

@@ -36,6 +36,10 @@ class Exchange(Protocol):
 def site_loop(site: Site, design: Design, iterations: int, ex: Exchange) -> list[np.ndarray]:
     """The per-site protocol over any Exchange; returns z after each iteration."""
     me, v = site.site_id, sum(len(t) for t in design[0])
+    others = [p for p in range(v) if p != me]
+    for p in others:  # phase 0: the pair keys of the masks
+        ex.send(p, site.public_key())
+    site.agree({p: ex.recv(p) for p in others})
     history = []
     for k in range(iterations):
         group = group_of(design, k, me)
