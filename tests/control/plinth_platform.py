@@ -14,8 +14,10 @@ from plinth.core.net import free_port
 class Platform:
     """A control plane running as a real process (`plinth up`) on 127.0.0.1."""
 
-    def __init__(self, home: Path, *extra: str) -> None:
+    def __init__(self, home: Path, *extra: str, fake_gpus: str | None = "4xA100") -> None:
+        """`fake_gpus`: its --fake-gpus; None for a runtime with GPUs of its own (Ray)."""
         self.home, self.extra = home, extra
+        self.fake_gpus = fake_gpus
         self.port = free_port()
         self.proc: subprocess.Popen | None = None
 
@@ -30,8 +32,9 @@ class Platform:
     def start(self) -> Platform:
         from plinth.cli.quickstart import start_server
 
-        self.proc = start_server(self.home, self.port, "--fake-gpus", "4xA100", "--grace", "2",
-                                 "--min-runtime", "0", *self.extra)
+        gpus = ("--fake-gpus", self.fake_gpus) if self.fake_gpus else ()
+        self.proc = start_server(self.home, self.port, *gpus, "--grace", "2", "--min-runtime", "0",
+                                 *self.extra)
         return self
 
     def stop(self, sig: int = 15) -> None:

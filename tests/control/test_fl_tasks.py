@@ -22,44 +22,51 @@ APPS = Path(__file__).parents[1] / "fl" / "apps"
 ROUNDS = 40
 
 
-def app(tmp_path: Path, **extra) -> Path:
+def app(tmp_path: Path, clients: int = 2, **extra) -> Path:
+    """The tiny digits app as an FLTask for `clients` clients, with their tokens."""
     doc = yaml.safe_load((APPS / "tiny.yaml").read_text())
     doc |= {"kind": "FLTask", "name": "digits-fl", "code": str(APPS / "tiny.py"),
             "resources": {"cpus": 0.5, "memory": "2Gi"}}
-    doc["data"]["clients"] = 2
+    doc["data"]["clients"] = clients
     doc["server"] |= {"rounds": ROUNDS, "min_clients": 2, "min_available": 2}
     doc["transport"] = {"tokens": "tokens.txt"}
     doc |= extra
     p = tmp_path / "app.yaml"
     p.write_text(yaml.safe_dump(doc))
     subprocess.run([sys.executable, "-m", "plinth.cli.main", "fl", "tokens",
-                    str(tmp_path / "tokens.txt"), "--clients", "2"], check=True,
+                    str(tmp_path / "tokens.txt"), "--clients", str(clients)], check=True,
                    capture_output=True)
     return p
 
 
+def start_client(spec: Path, address: str, cid: int) -> subprocess.Popen:
+    """`plinth fl client` for partition `cid`, with its token from the app's tokens.txt."""
+    tokens = (spec.parent / "tokens.txt").read_text().split("\n")
+    return subprocess.Popen(
+        [sys.executable, "-m", "plinth.cli.main", "fl", "client", str(spec), "--server",
+         address, "--cid", str(cid), "--token", tokens[cid].split()[1]],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
 @contextlib.contextmanager
-def task_platform(tmp_path: Path, spec: Path, *extra: str) -> Iterator[tuple[Platform, list]]:
-    """A real `plinth up` with the task submitted and its two clients joining over gRPC;
-    the clients and the control plane's jobs are ended afterwards whatever happens."""
-    p = Platform(tmp_path / "home", *extra).start()
-    clients: list[subprocess.Popen] = []
+def task_platform(tmp_path: Path, spec: Path, *extra: str, clients: int = 2,
+                  fake_gpus: str | None = "4xA100") -> Iterator[tuple[Platform, list]]:
+    """A real `plinth up` with the task submitted and its first `clients` clients joining over
+    gRPC (a test may append more to the list it is given); the clients and the control
+    plane's jobs are ended afterwards whatever happens."""
+    p = Platform(tmp_path / "home", *extra, fake_gpus=fake_gpus).start()
+    procs: list[subprocess.Popen] = []
     try:
         out = cli(p, "submit", str(spec))
         assert out.returncode == 0 and "Submitted FLTask digits-fl" in out.stdout, out.stderr
         address = p.client().workload("digits-fl")["status"]["address"]
-        tokens = (tmp_path / "tokens.txt").read_text().split("\n")
-        for i in range(2):
-            clients.append(subprocess.Popen(
-                [sys.executable, "-m", "plinth.cli.main", "fl", "client", str(spec), "--server",
-                 address, "--cid", str(i), "--token", tokens[i].split()[1]],
-                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                env={**os.environ, "OMP_NUM_THREADS": "1"}))
-        yield p, clients
-        for proc in clients:
+        procs += [start_client(spec, address, i) for i in range(clients)]
+        yield p, procs
+        for proc in procs:
             proc.wait(120)
     finally:
-        for proc in clients:
+        for proc in procs:
             if proc.poll() is None:
                 proc.kill()
         p.stop()
@@ -129,12 +136,18 @@ def test_a_tree_tasks_leaf_aggregators_are_units_on_the_servers_node(tmp_path, w
     """`server.aggregation.mode: tree`: the leaves are unit jobs the scheduler places, pinned
     to the server's node (two fake nodes here, so a leaf placed anywhere else would show), and
     the server folds every round through them."""
+    run_tree_task(tmp_path, wait_for, fake_gpus="1xA100,1xV100")
+
+
+def run_tree_task(tmp_path: Path, wait_for, *extra: str, fake_gpus: str | None) -> str:
+    """A tree-mode task on `plinth up *extra`: checks that its leaves ran on the server's node
+    and that every round went through them; returns that node's name."""
     rounds = 3
     spec = app(tmp_path)
     doc = yaml.safe_load(spec.read_text())
     doc["server"] |= {"rounds": rounds, "aggregation": {"mode": "tree", "max_leaves": 2}}
     spec.write_text(yaml.safe_dump(doc))
-    with task_platform(tmp_path, spec, "--fake-gpus", "1xA100,1xV100") as (p, _):
+    with task_platform(tmp_path, spec, *extra, fake_gpus=fake_gpus) as (p, _):
         c = p.client()
 
         def node_of(job_id: int) -> str:
@@ -159,3 +172,4 @@ def test_a_tree_tasks_leaf_aggregators_are_units_on_the_servers_node(tmp_path, w
         assert [r["round"] for r in per_round] == list(range(1, rounds + 1))
         assert all(r["leaves"] and r["leaves"] >= 1 for r in per_round), per_round
         assert all(u["state"] not in ("running", "pending") for u in done["units"]), done["units"]
+        return node_of(server["job_id"])

@@ -22,6 +22,9 @@ import psutil
 from plinth.core.net import free_ports
 
 OBJECT_STORE_BYTES = 200 * 2**20  # the machine has 24 GiB and 2 cores shared with others
+# A node whose raylet is killed is declared dead after this many failed health checks, one a
+# second (Ray's default, 5 every 3 s, makes a test of a departed node wait 15 s and more).
+HEALTH_CHECK = {"health_check_period_ms": 1000, "health_check_failure_threshold": 5}
 WORKER_PORTS = 24  # Ray worker processes a node may run at once (one per actor)
 
 
@@ -64,14 +67,34 @@ class LocalRayCluster:
         ports = free_ports(len(nodes) * (len(PORT_NAMES) + WORKER_PORTS) + 2)
         head = _node_args(nodes[0], self.tmp, ports)
         head.update(gcs_server_port=ports.pop(), ray_client_server_port=ports.pop(),
-                    include_dashboard=False)
+                    include_dashboard=False, _system_config=HEALTH_CHECK)
         self.cluster = Cluster(initialize_head=True, head_node_args=head,
                                shutdown_at_exit=True)
+        self.workers = {}  # name -> ray._private.node.Node
         for n in nodes[1:]:
-            self.cluster.add_node(**_node_args(n, self.tmp, ports))
+            self.add_node(n, ports)
         self.cluster.wait_for_nodes()
         self.address = self.cluster.address
         self.nodes = nodes
+
+    def add_node(self, n: NodeSpec, ports: list[int] | None = None) -> None:
+        """Start worker node `n` (again, after `kill_node`: a node that rejoins)."""
+        ports = ports or free_ports(len(PORT_NAMES) + WORKER_PORTS)
+        self.workers[n.name] = self.cluster.add_node(**_node_args(n, self.tmp, ports))
+
+    def kill_node(self, name: str) -> None:
+        """Kill every process of worker node `name` at once, as a machine that dies: its
+        raylet and the rest of Ray's, and the workers and jobs under it. They are all stopped
+        first, so that none sees another end before it ends itself."""
+        node = self.workers.pop(name)
+        raylet = psutil.Process(node.all_processes["raylet"][0].process.pid)
+        under = raylet.children(recursive=True)
+        for p in under:
+            p.suspend()
+        self.cluster.remove_node(node, allow_graceful=False)
+        for p in under:
+            p.kill()
+        psutil.wait_procs(under, timeout=10)
 
     def pids(self) -> set[int]:
         """Every process of the cluster: this process's descendants that Ray started."""

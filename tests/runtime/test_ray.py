@@ -174,3 +174,31 @@ def test_plinth_up_on_a_bad_ray_address_is_one_line(tmp_path, args, message):
     lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and message.format(port=port) in lines[0], p.stderr
     assert time.monotonic() - t0 < 60  # not Ray's minute of retries
+
+
+def test_plinth_up_with_another_ray_version_than_the_clusters_is_one_line(ray_cluster, tmp_path):
+    """A driver whose Ray is another version than the cluster's: Ray's own check (against the
+    version the cluster recorded at start) refuses it, and `plinth up` says so in one line,
+    naming both versions."""
+    import platform
+
+    import ray
+
+    script = ("import os, sys\n"
+              "os.environ['RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER'] = '0'\n"
+              "import ray\n"
+              "ray.__version__ = '2.0.0'  # what this driver claims to be\n"
+              "from plinth.cli.main import main\n"
+              "sys.argv[0] = 'plinth'\n"
+              "main()\n")
+    p = subprocess.run([PY, "-c", script, "up", "--home", str(tmp_path / "home"), "--port",
+                        str(free_port()), "--runtime", "ray", "--ray-address",
+                        ray_cluster.address], check=False, capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 2, p.stderr
+    lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
+    py = platform.python_version()
+    assert len(lines) == 1 and lines[0].endswith(
+        f"--ray-address {ray_cluster.address}: version mismatch: the Ray cluster runs Ray "
+        f"{ray.__version__} on Python {py}, this control plane Ray 2.0.0 on Python {py}; run "
+        f"it with the cluster's versions"), p.stderr

@@ -1,14 +1,22 @@
 """`plinth up --runtime ray` end to end, on the real 2-node Ray cluster on 127.0.0.1: the example
-gang trains over gloo under Ray actors, and a job survives kill -9 of the control plane."""
+gang trains over gloo under Ray actors, a job survives kill -9 of the control plane, a service
+replica and an FL task's aggregators run on Ray nodes, and a node that dies leaves the
+scheduler's view until it is back."""
 
 from __future__ import annotations
 
 import signal
 import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 from conftest import EXAMPLES, PY, wait_for
+from ray_cluster import HEAD, WORKER
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "control"))  # the FL task tests' helpers
+from test_fl_tasks import run_tree_task
 
 from plinth.cli.quickstart import kill_jobs, start_server, stop_server
 from plinth.client import Client
@@ -125,3 +133,65 @@ def test_a_priority_job_preempts_a_gang_that_spans_both_ray_nodes(up):
         assert c.job(gang)["preemptions"] == 1
         c.cancel(gang)
         assert c.wait(gang, timeout=120) == "cancelled"
+
+
+def test_a_node_that_leaves_loses_its_job_and_leaves_the_cluster_view_until_it_is_back(
+        up, ray_cluster, tmp_path):
+    """The worker node dies (its raylet and every process on it killed) under a running job:
+    the job is lost and requeued, `plinth nodes` no longer lists the node, and a job that can
+    run only there waits with a reason instead of being launched on it. When the node rejoins
+    (same name, a new Ray node id), both run on it."""
+    url, token, _, _ = up
+    pinned = {"command": ["sh", "-c", "echo up; exec sleep 600"], "nodelist": [WORKER.name],
+              "resources": {"cpus": 0.1, "memory": 64, "gpus": 1}}
+    with Client(url, token) as c:
+        first = c.submit({"kind": "Job", "name": "on-worker", **pinned})
+        wait_for(lambda: "up\n" in c.logs(first), "the job to run on the worker", timeout=120)
+        try:
+            ray_cluster.kill_node(WORKER.name)  # its raylet, actors and the job's processes
+            wait_for(lambda: "lost" in [e["kind"] for e in c.job(first)["events"]],
+                     "the job to be lost", timeout=120)
+            assert c.job(first)["state"] == "pending", c.job(first)["events"]
+            wait_for(lambda: [n["name"] for n in c.nodes()] == [HEAD.name],
+                     "the node to leave the cluster view", timeout=60)
+            nodes = subprocess.run([PY, "-m", "plinth.cli.main", "nodes", "--server", url,
+                                    "--token", token], check=True, capture_output=True,
+                                   text=True, timeout=60).stdout
+            assert HEAD.name in nodes and WORKER.name not in nodes, nodes
+            second = c.submit({"kind": "Job", "name": "also-on-worker", **pinned})
+            wait_for(lambda: c.job(second)["reason"] != "queued: waiting for the next "
+                     "scheduling pass", "a reason for the waiting job", timeout=30)
+            time.sleep(3)  # passes run; none may launch it on the departed node
+            for j in (first, second):
+                job = c.job(j)
+                assert (job["state"], job["attempt"]) == ("pending", 1 if j == first else 0), job
+            reason = c.job(second)["reason"]
+            assert reason.endswith(f"; {WORKER.name} (in its nodelist) left the cluster"), reason
+        finally:
+            if WORKER.name not in ray_cluster.workers:
+                ray_cluster.add_node(WORKER)  # the next tests share the cluster
+        wait_for(lambda: WORKER.name in [n["name"] for n in c.nodes()],
+                 "the node to be back in the cluster view", timeout=60)
+        for j in (first, second):
+            ups = 2 if j == first else 1  # the first ran once before, on the node that died
+            wait_for(lambda j=j, ups=ups: c.job(j)["state"] == "running"
+                     and c.logs(j).count("up\n") == ups,
+                     f"job {j} to run on the node that is back", timeout=120)
+            (slot,) = c.job(j)["allocation"]["slots"]
+            assert slot["node_name"] == WORKER.name
+            c.cancel(j)
+            assert c.wait(j, timeout=120) == "cancelled"
+    said = (tmp_path / "home" / "server.log").read_text(errors="replace")
+    assert f"node {WORKER.name} left the cluster" in said
+    assert f"node {WORKER.name} is back in the cluster" in said
+
+
+def test_a_tree_fl_tasks_leaf_aggregators_run_on_the_servers_ray_node(ray_cluster, tmp_path):
+    """An FLTask in tree mode on `plinth up --runtime ray`: its server and leaf aggregators are
+    units that the scheduler places on a Ray node and the Ray runtime runs under actors there;
+    the task ends with every round folded through its leaves (the checks of the local
+    runtime's test in tests/control/test_fl_tasks.py)."""
+    node = run_tree_task(tmp_path, lambda cond, timeout, what: wait_for(cond, what, timeout),
+                         "--runtime", "ray", "--ray-address", ray_cluster.address,
+                         fake_gpus=None)
+    assert node in (HEAD.name, WORKER.name)

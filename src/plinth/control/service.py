@@ -62,6 +62,8 @@ DEFAULT_ESTIMATE_S = 24 * 3600.0
 # pass sees a batch of new jobs (Slurm's sched_min_interval plays the same role). An idle
 # cluster is not delayed: the first pass after a quiet spell runs at once.
 MIN_PASS_INTERVAL_S = 0.005
+# How often the runtime's nodes are read again, to follow nodes that leave and come back.
+NODE_CHECK_S = 2.0
 
 
 class NotFound(PlinthError):
@@ -126,6 +128,8 @@ class ControlPlane:
         self.writer = GroupCommit(store)
         self._next_pass = 0.0  # monotonic time before which no pass starts
         self._deferred: float | None = None  # a pass put off until then (spacing)
+        self._nodes_due = time.monotonic() + NODE_CHECK_S  # the next look at runtime.nodes()
+        self._joined: set[str] = set()  # new nodes, told once
         policy_obj = self._rebuild()
         self.owner = o.Owner(self.cluster, policy_obj, self.config, keep_finished=False)
         self.metrics = ControlMetrics(self)  # /metrics; read at scrape time
@@ -318,8 +322,14 @@ class ControlPlane:
         if job_id in self.holds.reasons:
             return self.holds.reasons[job_id]
         js = self.owner.jobs.get(job_id)
-        return js.reason if js is not None and js.reason else \
+        why = js.reason if js is not None and js.reason else \
             "queued: waiting for the next scheduling pass"
+        down = self.owner.down.nodes
+        if down and js is not None and js.job.request.nodes:
+            gone = [n for n in js.job.request.nodes if self.cluster.node_index.get(n) in down]
+            if gone:
+                why += f"; {', '.join(gone)} (in its nodelist) left the cluster"
+        return why
 
     def log_path(self, job_id: int) -> Path:
         return self.home / "logs" / f"{job_id}.log"
@@ -332,6 +342,8 @@ class ControlPlane:
             running = sorted(j for j, js in self.owner.jobs.items() if js.status.active
                              and (tenant is None or js.job.tenant == tenant))
             for i, n in enumerate(self.cluster.nodes):
+                if i in self.owner.down.nodes:  # it left the cluster
+                    continue
                 first, count = self.cluster.node_gpu_range[i]
                 free = held.gpu_free_milli[first:first + count]
                 out.append({
@@ -386,7 +398,13 @@ class ControlPlane:
         and due, the owner's output carried out."""
         with self._lock:
             now = self.clock()
-            events = [*self._runtime_events(self.runtime.poll()), *self._take_incoming()]
+            reports = self.runtime.poll()
+            # A lost attempt may be the first sign of a node that left: look at once, so that
+            # the requeued job is not placed there again.
+            if time.monotonic() >= self._nodes_due or any(r.kind is EventKind.LOST
+                                                          for r in reports):
+                self._follow_nodes()
+            events = [*self._runtime_events(reports), *self._take_incoming()]
             owner = self.owner
             out = owner.handle(events, now, schedule=False)
             if owner.pass_needed(now):
@@ -404,6 +422,30 @@ class ControlPlane:
             self.workloads.tick(now)
             if self.holds.dirty and self.holds.jobs:  # a job ended or started: look again
                 self._wake.set()
+
+    def _follow_nodes(self) -> None:
+        """Take the nodes that have left the runtime out of the scheduler's view, and put back
+        those that have returned (see plinth.sched.nodes); their jobs end as the runtime reports
+        them lost. A node the cluster did not have at start is used after a restart."""
+        self._nodes_due = time.monotonic() + NODE_CHECK_S
+        try:
+            live = {n.name for n in self.runtime.nodes()}
+        except Exception as e:  # noqa: BLE001 -- its cluster did not answer: look again later
+            log.warning("the runtime's nodes could not be read: %s", e)
+            return
+        names = [n.name for n in self.cluster.nodes]
+        down = frozenset(i for i, name in enumerate(names) if name not in live)
+        was = self.owner.down.nodes
+        for i in sorted(down - was):
+            log.warning("node %s left the cluster: its jobs are lost and requeued, and nothing "
+                        "is placed on it until it is back", names[i])
+        for i in sorted(was - down):
+            log.warning("node %s is back in the cluster", names[i])
+        for name in sorted(live - set(names) - self._joined):
+            self._joined.add(name)
+            log.warning("node %s joined the cluster: it is used after the control plane "
+                        "restarts", name)
+        self.owner.set_down(down)
 
     def _runtime_events(self, reports: Iterable[RuntimeEvent]) -> list[o.Event]:
         events: list[o.Event] = []

@@ -16,6 +16,11 @@ checkpoint markers (the checkpoint directory is storage that every node and the 
 share, as it must be for a job to resume elsewhere), and copies each worker's output from its
 node into the job's log file here.
 
+A worker lost with its actor makes its node a suspect: until Ray's health checks declare the
+node dead (seconds later), `nodes()` leaves it out if its raylet no longer answers, so that the
+control plane, which reads the nodes again when an attempt is lost, takes it out of the
+scheduler's view before it places the requeued job.
+
 After a control-plane restart, `adopt` finds each worker's actor by name, checks by job, attempt,
 pid and start time that it is the same worker, and waits on it again. A worker that ended while
 no one watched is held by its actor with its exit code, until a control plane collects it.
@@ -26,9 +31,7 @@ imported only when a RayRuntime is made, so the rest of Plinth does not need it.
 
 from __future__ import annotations
 
-import ipaddress
 import logging
-import os
 import signal
 import socket
 import threading
@@ -42,6 +45,7 @@ from plinth.core.gpus import GPU_CATALOG
 from plinth.core.resources import MILLI, Node
 from plinth.runtime.base import EventKind, Handle, LaunchSpec, ProcRef, RuntimeEvent, gang_env
 from plinth.runtime.gpu import catalog_model
+from plinth.runtime.ray_connect import NAMESPACE, connect_ray, disconnect_ray, one_line
 from plinth.runtime.ray_worker import WorkerActor
 from plinth.runtime.watch import EventQueue, check_launch, checkpoint_events
 
@@ -52,7 +56,6 @@ LOG_EVERY_S = 0.5  # how often a running worker's new output is copied here
 CALL_TIMEOUT_S = 30.0  # a call to an actor that takes longer means its node is gone
 PG_TIMEOUT_S = 30.0  # how long a placement group may take to be reserved
 MIB = 2**20
-NAMESPACE = "plinth"
 NODE_ID_LABEL = "ray.io/node-id"
 NAME_LABEL = "plinth-node"  # a node's name for the scheduler, if set (else ray-<id prefix>)
 RACK_LABEL = "rack"  # a node's rack: this label, or a custom resource "rack:NAME"
@@ -89,6 +92,7 @@ class _Worker:
     ended_at: float | None = None  # wall clock, from its actor
     why: str = ""  # why it was lost, when it was
     log_path: str = ""  # the job's log file, as its actor knows it (adoption)
+    node_id: str = ""  # the Ray node it runs on
 
 
 @dataclass(slots=True)
@@ -115,11 +119,11 @@ class RayRuntime(EventQueue):
     def __init__(self, address: str, *, notify: Callable[[], None] | None = None,
                  gang_grace_s: float = 10.0, namespace: str = NAMESPACE) -> None:
         self.ray = connect_ray(address, namespace)
-        self._owns_connection = self.ray is not None and _CONNECTED_BY_US[0]
         self.namespace = namespace
         self.gang_grace_s = gang_grace_s
         self.problems: list[str] = []
         EventQueue.__init__(self, notify)
+        self._suspects: set[str] = set()  # Ray node ids where a worker was lost
         self._actor_cls = self.ray.remote(WorkerActor)
         self._nodes = self._read_nodes()
         self._attempts: dict[tuple[int, int], _Attempt] = {}
@@ -192,8 +196,9 @@ class RayRuntime(EventQueue):
                 e = e.cause
             elif isinstance(e, PlinthError):
                 raise
-            raise PlinthError(f"{where}: did not start on Ray: {_one_line(e)}") from None
-        workers = [_Worker(w.rank, _actor_name(spec.job_id, spec.attempt, w.rank), a, pid, st)
+            raise PlinthError(f"{where}: did not start on Ray: {one_line(e)}") from None
+        workers = [_Worker(w.rank, _actor_name(spec.job_id, spec.attempt, w.rank), a, pid, st,
+                           node_id=self._nodes[w.node].node_id)
                    for w, a, (pid, st) in zip(ordered, actors, started, strict=True)]
         for wk in workers:
             wk.wait_ref = wk.actor.wait.remote()  # type: ignore[attr-defined]
@@ -217,6 +222,13 @@ class RayRuntime(EventQueue):
             if key in self._attempts:
                 return True
         workers = [self._adopt_worker(handle, rank, ref) for rank, ref in enumerate(handle.procs)]
+        try:  # where they run: rank i is in bundle i
+            table = self.ray.util.placement_group_table(
+                self.ray.util.get_placement_group(_pg_name(handle.job_id, handle.attempt)))
+            for wk in workers:
+                wk.node_id = table["bundles_to_node_id"].get(wk.rank, "")
+        except ValueError:  # no placement group: its workers are gone too
+            pass
         started = min((ref.start_time for ref in handle.procs), default=0.0)
         log_path = next((w.log_path for w in workers if w.log_path), "")
         att = _Attempt(handle.job_id, handle.attempt, workers, log_path, handle.checkpoint_dir,
@@ -245,9 +257,7 @@ class RayRuntime(EventQueue):
         self._closed.set()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join()
-        if self._owns_connection:
-            self.ray.shutdown()
-            _CONNECTED_BY_US[0] = False
+        disconnect_ray(self.ray)
 
     # ----------------------------------------------------------------- extras
 
@@ -271,8 +281,27 @@ class RayRuntime(EventQueue):
     # ----------------------------------------------------------------- nodes and launching
 
     def _read_nodes(self) -> dict[str, RayNode]:
-        nodes = [ray_node(n) for n in self.ray.nodes() if n.get("Alive")]
+        alive = [n for n in self.ray.nodes() if n.get("Alive")]
+        with self._lock:
+            self._suspects &= {n["NodeID"] for n in alive}  # Ray has declared the rest dead
+        nodes = [ray_node(n) for n in alive if not self._gone(n)]
         return {n.node.name: n for n in sorted(nodes, key=lambda n: n.node.name)}
+
+    def _gone(self, n: dict) -> bool:
+        """Whether node `n`, where a worker was just lost, is gone although Ray still counts it
+        alive (its health checks take seconds to fail): its raylet no longer answers. Otherwise
+        the job requeued from it could be placed there again."""
+        with self._lock:
+            if n["NodeID"] not in self._suspects:
+                return False
+        try:
+            socket.create_connection((n["NodeManagerAddress"], n["NodeManagerPort"]),
+                                     timeout=1).close()
+        except OSError:
+            return True
+        with self._lock:
+            self._suspects.discard(n["NodeID"])  # only its worker died
+        return False
 
     def _check(self, spec: LaunchSpec) -> None:
         if spec.run_as is not None:
@@ -293,7 +322,7 @@ class RayRuntime(EventQueue):
             actor = self.ray.get_actor(name, namespace=self.namespace)
             info = self.ray.get(actor.info.remote(), timeout=CALL_TIMEOUT_S)
         except (ValueError, self.ray.exceptions.RayError) as e:
-            wk.done, wk.why = True, f"its actor {name} is gone ({_one_line(e)})"
+            wk.done, wk.why = True, f"its actor {name} is gone ({one_line(e)})"
             return wk
         if info["id"] != (handle.job_id, handle.attempt, rank, ref.pid, ref.start_time):
             wk.done, wk.why = True, f"actor {name} runs another worker ({info['id']})"
@@ -366,8 +395,10 @@ class RayRuntime(EventQueue):
         try:
             wk.code, wk.ended_at = ray.get(wk.wait_ref)
         except ray.exceptions.RayError as e:  # the actor, its worker process or its node died
-            wk.code, wk.why = None, f"its actor {wk.name} died ({_one_line(e)})"
+            wk.code, wk.why = None, f"its actor {wk.name} died ({one_line(e)})"
             wk.actor = None
+            with self._lock:
+                self._suspects.add(wk.node_id)
         if wk.code is None and not wk.why:
             wk.why = "it ended without leaving an exit code"
         wk.done, wk.wait_ref = True, None
@@ -394,7 +425,7 @@ class RayRuntime(EventQueue):
             chunk = self.ray.get(ref, timeout=CALL_TIMEOUT_S)
         except self.ray.exceptions.RayError as e:
             self._problem(f"job {att.job_id} attempt {att.attempt} rank {wk.rank}: its output "
-                          f"could not be fetched: {_one_line(e)}")
+                          f"could not be fetched: {one_line(e)}")
             return 0
         if chunk:
             try:
@@ -446,53 +477,6 @@ class RayRuntime(EventQueue):
 
 
 # --------------------------------------------------------------------- helpers
-
-_CONNECTED_BY_US = [False]  # whether this process's Ray connection was made by a RayRuntime
-
-
-def connect_ray(address: str, namespace: str):
-    """Ray, connected to the cluster at `address` (HOST:PORT or auto); one-line errors."""
-    host = address.rsplit(":", 1)[0] if address != "auto" else ""
-    if host and _is_loopback(host):
-        # Ray turns a loopback address into this machine's outside address before it connects,
-        # where a cluster bound to 127.0.0.1 does not listen; this (documented) switch keeps it.
-        # It is read when Ray is first imported.
-        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-    try:
-        import ray
-        import ray.util.scheduling_strategies
-    except ImportError:
-        raise PlinthError("--runtime ray: Ray is not installed; pip install 'ray[default]'") \
-            from None
-    if ray.is_initialized():
-        return ray
-    if host and _is_loopback(host) and ray._private.ray_constants.ENABLE_RAY_CLUSTER:
-        raise PlinthError(f"--ray-address {address}: Ray was imported before the loopback "
-                          "switch was set; set RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 first")
-    if address != "auto":
-        _probe(address)
-    try:
-        ray.init(address=address, namespace=namespace, log_to_driver=False,
-                 logging_level=logging.WARNING, include_dashboard=False)
-    except (ConnectionError, RuntimeError, ValueError) as e:
-        raise PlinthError(f"--ray-address {address}: cannot join the Ray cluster: "
-                          f"{_one_line(e)}") from None
-    _CONNECTED_BY_US[0] = True
-    return ray
-
-
-def _probe(address: str) -> None:
-    """Fail at once, in one line, when nothing listens at `address` (Ray itself retries for
-    a minute, then prints a page)."""
-    host, _, port = address.rpartition(":")
-    if not host or not port.isdigit():
-        raise PlinthError(f"--ray-address: expected HOST:PORT or auto, got {address!r}")
-    try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=5).close()
-    except OSError as e:
-        raise PlinthError(f"--ray-address {address}: cannot reach the Ray head: "
-                          f"{e.strerror or e}") from None
-
 
 def ray_node(n: dict) -> RayNode:
     """A Ray node (an entry of ray.nodes()) as the scheduler's Node: its name from the
@@ -548,18 +532,6 @@ def _pg_name(job_id: int, attempt: int) -> str:
 
 def _what(wk: _Worker) -> str:
     return "vanished" if wk.code is None else f"exited with {wk.code}"
-
-
-def _one_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return (text[-1] if text else type(e).__name__)[:300]
-
-
-def _is_loopback(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return host == "localhost"
 
 
 def make_ray_runtime(address: str | None, *, fake_gpus: str | None = None,

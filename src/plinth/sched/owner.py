@@ -62,7 +62,9 @@ from plinth.sched.events import (  # noqa: F401 (the owner's vocabulary, importe
     Transition,
     event_kind,
 )
+from plinth.sched.invariants import check_owner
 from plinth.sched.lifecycle import State, StopReason, check_transition
+from plinth.sched.nodes import DownNodes
 from plinth.sched.policies.base import Policy
 from plinth.sched.state import ClusterState
 from plinth.sched.types import (  # noqa: F401 (periodic_checkpoint: imported from here too)
@@ -70,7 +72,6 @@ from plinth.sched.types import (  # noqa: F401 (periodic_checkpoint: imported fr
     JobState,
     SchedConfig,
     Snapshot,
-    check_gang,
     periodic_checkpoint,
 )
 
@@ -99,6 +100,7 @@ class Owner:
         self.validate, self.keep_finished, self.on_pass = validate, keep_finished, on_pass
         self.state = ClusterState(cluster)  # the plan
         self.held = ClusterState(cluster)  # what launched attempts hold
+        self.down = DownNodes()  # nodes that left: held out of the plan
         self.jobs: dict[int, JobState] = {}  # active jobs (and finished ones if keep_finished)
         self.pending: SortedKeyList = SortedKeyList(key=policy.order)
         self.running: dict[int, JobState] = {}  # RUNNING in the plan (launched or not)
@@ -128,6 +130,8 @@ class Owner:
             js = self.running[jid]
             self._stop(js, now, StopReason.TIMEOUT,
                        f"time limit of {js.job.time_limit:g} s reached")
+        if self.down.nodes:  # what jobs on a node that left released stays unplaceable
+            self.down.take_free(self.state)
         if schedule and self.pass_needed(now):
             self._schedule(now)
         self._launch_waiting(now)
@@ -191,6 +195,11 @@ class Owner:
         self.state.cluster = self.held.cluster = cluster
         self.pending = SortedKeyList(list(self.pending), key=policy.order)
         self._pass_due = True
+
+    def set_down(self, nodes: frozenset[int]) -> None:
+        """The nodes (by index) that have left the cluster now; see plinth.sched.nodes."""
+        if self.down.set(nodes, self.state):
+            self._pass_due = True
 
     # --- events -------------------------------------------------------------------------------
 
@@ -372,6 +381,9 @@ class Owner:
                     js.status not in (State.PENDING, State.STOPPING):
                 raise AssertionError(f"policy {name}: cannot start job {s.job_id}: "
                                      f"{js.status.value if js else 'unknown'}")
+            if self.down.nodes and not self.down.nodes.isdisjoint(s.allocation.nodes):
+                self._pass_due = True  # planned on what a victim on a departed node freed
+                continue
             self._start(js, s.allocation, s.reason, s.model, now)
         # Hot: a pass may give a reason to hundreds of waiting jobs (backfill examines 500).
         pending = State.PENDING
@@ -564,30 +576,4 @@ class Owner:
 
     def check(self) -> None:
         """The invariants, for tests and the simulator's validate mode."""
-        self.state.check()
-        self.held.check()
-        plan, held = ClusterState(self.cluster), ClusterState(self.cluster)
-        in_pending = {js.id for js in self.pending}
-        ending = {j for j, (r, _) in self.stop_why.items() if r is not StopReason.PREEMPT}
-        assert len(in_pending) == len(self.pending), "a job is queued twice"
-        for jid, js in self.jobs.items():
-            where = [name for name, box in (("pending", in_pending), ("running", self.running),
-                                            ("stopping-to-end", ending)) if jid in box]
-            expect = {State.PENDING: ["pending"], State.RUNNING: ["running"]}.get(js.status)
-            if js.status is State.STOPPING:
-                expect = ["pending"] if self.stop_why[jid][0] is StopReason.PREEMPT and \
-                    jid not in self.next_start else \
-                    ([] if jid in self.next_start else ["stopping-to-end"])
-            if js.status.terminal:
-                expect = []
-            assert where == expect, f"job {jid} ({js.status.value}) is in {where}, not {expect}"
-            if js.status is State.RUNNING:
-                check_gang(js)
-                plan.allocate(js.allocation, js.job.request)  # type: ignore[arg-type]
-            if jid in self.next_start:
-                plan.allocate(self.next_start[jid][0], js.job.request)
-            if jid in self.runs:
-                held.allocate(js.allocation, js.job.request)  # type: ignore[arg-type]
-        for mine, want, name in ((self.state, plan, "plan"), (self.held, held, "held")):
-            assert (mine.gpu_free_milli == want.gpu_free_milli).all(), f"{name} GPUs drifted"
-            assert (mine.node_free_cpu == want.node_free_cpu).all(), f"{name} CPUs drifted"
+        check_owner(self)

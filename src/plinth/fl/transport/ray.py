@@ -252,7 +252,7 @@ def ray_session(address: str | None, *, num_cpus: int | None = None,
     tmp, owned = None, False
     try:
         if address:
-            from plinth.runtime.ray import NAMESPACE, connect_ray
+            from plinth.runtime.ray_connect import NAMESPACE, connect_ray
 
             # not imported here: the loopback switch must be set before Ray is first imported
             before = sys.modules.get("ray")
