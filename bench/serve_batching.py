@@ -42,7 +42,7 @@ from replica_process import ReplicaProcess
 WARMUP_S = 1.0
 
 
-class _Conn:
+class Conn:
     """One keep-alive HTTP/1.1 connection that POSTs npy bodies. A client this small costs the
     replica's machine little CPU; httpx's pure-Python HTTP costs a few ms a request, which on a
     busy 2-CPU machine would make the bench measure its own client."""
@@ -51,7 +51,7 @@ class _Conn:
         self.reader, self.writer = reader, writer
 
     @classmethod
-    async def open(cls, url: str) -> _Conn:
+    async def open(cls, url: str) -> Conn:
         u = urlsplit(url)
         return cls(*await asyncio.open_connection(u.hostname, u.port))
 
@@ -71,14 +71,14 @@ class _Conn:
         self.writer.close()
 
 
-async def _load(url: str, body: bytes, clients: int, duration_s: float) -> list[float]:
+async def closed_loop(url: str, body: bytes, clients: int, duration_s: float) -> list[float]:
     """Closed-loop load; the latencies (ms) of requests that started after the warm-up."""
     lat: list[float] = []
     t_start = time.perf_counter()
     t_count, t_end = t_start + WARMUP_S, t_start + WARMUP_S + duration_s
 
     async def client() -> None:
-        conn = await _Conn.open(url)
+        conn = await Conn.open(url)
         try:
             while (t0 := time.perf_counter()) < t_end:
                 await conn.post("/infer", body)
@@ -142,7 +142,7 @@ def run_one(args: argparse.Namespace, max_batch: int, env: dict[str, str]) -> di
            f"{args.max_wait_ms:g}", "--workdir", str(ROOT)]
     with ReplicaProcess.start(cmd, env=env, cwd=str(ROOT)) as rp:
         before = httpx.get(rp.url + "/stats").json()
-        lat = asyncio.run(_load(rp.url, buf.getvalue(), args.clients, args.duration_s))
+        lat = asyncio.run(closed_loop(rp.url, buf.getvalue(), args.clients, args.duration_s))
         stats = httpx.get(rp.url + "/stats").json()
     a = np.asarray(lat)
     batches = stats["batches"] - before["batches"]

@@ -3,6 +3,7 @@ through the control plane, and time a tuned model at a CPU share in a process of
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -15,6 +16,14 @@ from tune_local import Outcome
 from tune_local import run_spec as run_local
 
 from plinth.tune.spec import TuneSpec
+
+
+def model_args(p: argparse.ArgumentParser, *, trials: int, per_iter: int) -> None:
+    """The options the tuning benches share: the model, its input and the trial budget."""
+    p.add_argument("--model", default="plinth.tune.models:small_cnn")
+    p.add_argument("--input-shape", default="1,3,32,32")
+    p.add_argument("--trials", type=int, default=trials)
+    p.add_argument("--trials-per-iter", type=int, default=per_iter)
 
 
 def run_spec(spec: TuneSpec, db: Path) -> Outcome:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
-from tune_common import latency, run_spec
+from tune_common import latency, model_args, run_spec
 
 from plinth.tune.spec import TuneSpec
 
@@ -33,12 +33,9 @@ CPUS = {1: "1", 2: "0-1"}
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", default="plinth.tune.models:small_cnn")
-    p.add_argument("--input-shape", default="1,3,32,32")
+    model_args(p, trials=32, per_iter=16)
     p.add_argument("--shares", default="1,2")
     p.add_argument("--seeds", default="0,1")
-    p.add_argument("--trials", type=int, default=32)
-    p.add_argument("--trials-per-iter", type=int, default=16)
     p.add_argument("--builder", default="inline", choices=("local", "inline"))
     p.add_argument("--json", default="results/tune_matrix.json")
     p.add_argument("--png", default="results/tune_matrix.png")

@@ -21,17 +21,14 @@ from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
-from tune_common import latency, meta_seconds, run_spec
+from tune_common import latency, meta_seconds, model_args, run_spec
 
 from plinth.tune.spec import TuneSpec
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", default="plinth.tune.models:small_cnn")
-    p.add_argument("--input-shape", default="1,3,32,32")
-    p.add_argument("--trials", type=int, default=32)
-    p.add_argument("--trials-per-iter", type=int, default=16)
+    model_args(p, trials=32, per_iter=16)
     p.add_argument("--servers", type=int, default=2)
     p.add_argument("--clients", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)

@@ -42,3 +42,6 @@ def test_plinth_submit_tunes_at_two_shares_through_the_scheduler(platform, tmp_p
     assert tuned == {(key, 1.0), (key, 2.0)}
     show = cli(platform, "tune", "show", str(tmp_path / "db"))
     assert show.returncode == 0 and key in show.stdout
+    ls = cli(platform, "ls", "--all")  # the task under the jobs, as services and FL tasks are
+    row = next((line for line in ls.stdout.splitlines() if line.startswith("tiny ")), ls.stdout)
+    assert "TUNE" in ls.stdout and "succeeded" in row and "1, 2 cores" in row and "2/2" in row

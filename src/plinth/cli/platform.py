@@ -280,9 +280,12 @@ def ls(all: Annotated[bool, typer.Option("--all", "-a", help="Include finished j
     if table and not name and not state:
         with Client(server, token) as c:
             ws = [w for w in c.workloads(all=all) if tenant is None or w["tenant"] == tenant]
+        from plinth.cli.tune import tune_table
+
         for kind in (services_table([w for w in ws if w["kind"] == "Service"],
                                     wide=output == "wide"),
-                     fl_table([w for w in ws if w["kind"] == "FLTask"])):
+                     fl_table([w for w in ws if w["kind"] == "FLTask"]),
+                     tune_table([w for w in ws if w["kind"] == "Tune"])):
             if kind.row_count:
                 console.print()
                 console.print(kind)
@@ -364,6 +367,8 @@ def show_workload(w: dict) -> None:
                       f"predicted; p99 {_ms(st.pop('p99_ms', None))}", highlight=False)
     if st.get("reason"):
         console.print(f"why: {st.pop('reason')}", highlight=False)
+    if st.get("tuned"):  # a tuned service: which share's records its replicas run
+        console.print(f"tuned: {st.pop('tuned')}", highlight=False)
     if w["kind"] == "FLTask":
         console.print(f"clients connect to {st.pop('address', '?')}; round "
                       f"{st.pop('round', 0)} of {st.pop('rounds', '?')}; last round: "

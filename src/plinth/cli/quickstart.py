@@ -1,6 +1,6 @@
 """`plinth quickstart` (what `make run` does): start the platform, submit the bundled examples
-(a job, a gang, a fractional-GPU job, and a service that gets requests all the while), watch
-them run and finish, then stop the platform."""
+(a job, a gang, a fractional-GPU job, a service that gets requests all the while, an FL task
+and a tuning task), watch them run and finish, then stop the platform."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from rich.console import Group
 from rich.live import Live
 
 from plinth.cli.platform import console, fl_table, jobs_table, nodes_table, services_table
+from plinth.cli.tune import tune_table
 from plinth.client import Client
 from plinth.core.errors import PlinthError
 from plinth.core.net import free_port
@@ -27,6 +28,7 @@ from plinth.serve.loadgen import ClosedLoop
 EXAMPLES = ("train.yaml", "gang.yaml", "fraction.yaml")
 SERVICE = Path("examples/serve/service.yaml")
 FL_TASK = Path("examples/fl/task.yaml")
+TUNE = Path("examples/tune/tiny.yaml")  # run at one share, with fewer trials, to keep it short
 IMAGE = '{"inputs": [[[' + ",".join(["[" + ",".join(["0.5"] * 28) + "]"] * 28) + "]]]}"
 
 
@@ -123,17 +125,22 @@ def quickstart(
             task, fl_clients = submit_fl_task(c, home)
             console.print(f"plinth submit {FL_TASK}  ->  FLTask {task['name']}, clients "
                           f"connect to {task['status']['address']}", highlight=False)
+            tune = submit_tune(c, home)
+            console.print(f"plinth submit {TUNE}  ->  Tune {tune['name']}, records into "
+                          f"{tune['status']['db']}", highlight=False)
             load = ClosedLoop(w["status"]["url"], IMAGE, clients=4).start()
             try:
                 with Live(console=console, auto_refresh=False) as live:
                     while True:
                         jobs = [c.job(j) for j in ids]
                         svc, fl = c.workload(w["name"]), c.workload(task["name"])
+                        tuning = c.workload(tune["name"])
                         served = f"requests answered: {load.codes}"
                         live.update(Group(jobs_table(jobs), "", services_table([svc]), served,
-                                          "", fl_table([fl])), refresh=True)
+                                          "", fl_table([fl]), "", tune_table([tuning])),
+                                    refresh=True)
                         if all(State(j["state"]).terminal for j in jobs) and \
-                                fl["state"] != "active":
+                                fl["state"] != "active" and tuning["state"] != "active":
                             break
                         if time.monotonic() > deadline:
                             raise PlinthError(f"examples still running after {timeout:g} s")
@@ -155,6 +162,9 @@ def quickstart(
                           f"{fl['status'].get('round', 0)}, accuracy {last['accuracy']}",
                           highlight=False)
             failed |= fl["state"] != "succeeded"
+            console.print(f"[bold]Tune {tuning['name']}[/]: {tuning['state']}; what is tuned: "
+                          f"plinth tune show {tuning['status']['db']}", highlight=False)
+            failed |= tuning["state"] != "succeeded"
             console.print()
             console.print(nodes_table(c.nodes()))
             for j in jobs:
@@ -194,3 +204,14 @@ def submit_fl_task(c: Client, home: Path) -> tuple[dict, list[threading.Thread]]
         t.start()
     return task, threads
 
+
+
+def submit_tune(c: Client, home: Path) -> dict:
+    """Submit the example Tune task at its first share only, with 4 trials, its database in
+    `home` (the whole example tunes at two shares: `plinth submit examples/tune/tiny.yaml`)."""
+    from plinth.core.spec import load_spec
+
+    spec = load_spec(TUNE)
+    spec = spec.model_copy(update={"shares": spec.shares[:1], "trials": 4, "trials_per_iter": 4,
+                                   "builder": "inline", "db": str(home.resolve() / "tune-db")})
+    return c.submit_workload(spec, base=TUNE.parent)

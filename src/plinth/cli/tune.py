@@ -18,6 +18,26 @@ app = typer.Typer(help="Tune models at the GPU or CPU share they will run at (SL
 console = Console(width=None if sys.stdout.isatty() else 120)
 
 
+def tune_table(ws: list[dict]) -> Table:
+    """Tune tasks as `plinth ls` lists them under the jobs: the shares (cores on a CPU, percent
+    of a GPU), how many of the clients are done, and the units running now (`plinth show`
+    gives the database)."""
+    t = Table(box=None, header_style="bold", pad_edge=False)
+    for col in ("TUNE", "TENANT", "STATE", "SHARES", "TRIALS", "CLIENTS", "RUNNING"):
+        t.add_column(col, no_wrap=True, justify="right" if col in (
+            "TRIALS", "CLIENTS", "RUNNING") else "left")
+    for w in ws:
+        st, units = w["status"], w["units"]
+        unit = " cores" if st.get("target") == "cpu" else "%"
+        clients = len(st.get("shares", [])) * int(st.get("clients_per_share", 1))
+        done = sum(u["unit"].startswith("client-") and u["state"] == "succeeded" for u in units)
+        t.add_row(w["name"], w["tenant"], w["state"],
+                  ", ".join(f"{s:g}" for s in st.get("shares", [])) + unit,
+                  str(st.get("trials", "-")), f"{done}/{clients}",
+                  str(sum(u["state"] == "running" for u in units)))
+    return t
+
+
 @app.command("show")
 def show(db: Annotated[Path, typer.Argument(help="A tuning database folder (a Tune spec's "
                                                  "db).")]) -> None:

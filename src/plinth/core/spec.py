@@ -53,6 +53,12 @@ _MEMORY = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(Mi|Gi|Ti)?\s*$")
 _UNIT_MIB = {None: 1, "Mi": 1, "Gi": 1024, "Ti": 1024 * 1024}
 
 
+def from_folder(folder: Path | None, path: str) -> str:
+    """`path` made absolute, a relative one taken from `folder` (a spec's folder; without one,
+    the current directory): a spec's folders (a workdir, a database) are found from the spec."""
+    return os.path.abspath(path if folder is None else os.path.join(folder, path))
+
+
 def beside(folder: Path | None, arg: str) -> str:
     """`arg` as an absolute path if it names a file in `folder` (a spec's folder), else as it
     is: `train.py` beside `train.yaml` runs from any directory."""

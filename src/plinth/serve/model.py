@@ -13,8 +13,8 @@ into JSON. Without one, ``{"inputs": nested list}`` is the batch and the answer 
 ``{"outputs": ..., "classes": ...}`` (classes: the argmax of 2-D logits).
 
 `check_model` is the submit-time check: it loads the model and times one example in a child
-process. Every failure a user can cause is a one-line `SpecError` that starts with the field at
-fault.
+process (for a Service's `tuned:` model, the TVM build a replica serves: `plinth.serve.tuned`).
+Every failure a user can cause is a one-line `SpecError` that starts with the field at fault.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from plinth.core.errors import SpecError
 
 SIDE = 28
 CHECK_TIMEOUT_S = 120.0  # loading a model and running one example, in check_model
+TUNED_CHECK_TIMEOUT_S = 300.0  # the same, with TVM's import and build of a tuned model
 _FACTORY_REF = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 
 Forward = Callable[[torch.Tensor], torch.Tensor]
@@ -239,13 +240,22 @@ def _shape(input_shape: tuple[int, ...] | list[int]) -> tuple[int, ...]:
     return shape
 
 
+Tuned = tuple[str, str, float]  # a Service's tuned model: (database, target, replica share)
+
+
 def check_model_here(ref: str, input_shape: tuple[int, ...] | list[int], slo_ms: float,
-                     workdir: str | None = None) -> float:
+                     workdir: str | None = None, tuned: Tuned | None = None) -> float:
     """`check_model` in this process: it imports and runs the user's code here."""
     from plinth.serve.batching import time_forward
 
     shape = _shape(input_shape)
-    forward = forward_fn(load_model(ref, workdir=workdir))
+    if tuned is None:
+        forward = forward_fn(load_model(ref, workdir=workdir))
+    else:
+        from plinth.serve.tuned import tuned_forward
+
+        db, target, share = tuned
+        forward, _ = tuned_forward(db, ref, shape, target, share, workdir=workdir)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -260,10 +270,15 @@ def check_model_here(ref: str, input_shape: tuple[int, ...] | list[int], slo_ms:
 
 
 def check_model(ref: str, input_shape: tuple[int, ...] | list[int], slo_ms: float,
-                workdir: str | None = None, *, timeout_s: float = CHECK_TIMEOUT_S) -> float:
+                workdir: str | None = None, *, tuned: Tuned | None = None,
+                timeout_s: float | None = None) -> float:
     """Load `ref`, run one example, and return its single-request latency in ms (the median of a
     few timed runs, on one torch thread as a replica runs it). Raises a one-line `SpecError`
     when the model cannot load, refuses the input, or cannot meet `slo_ms` even unbatched.
+
+    With `tuned` (database, target, share) the model is the TVM build a replica at that share
+    serves (`plinth.serve.tuned`): the database is checked here first, without TVM, and the
+    child builds and times it with the share's threads.
 
     The user's code runs in a child process (in `workdir`, without the PLINTH_* variables), so
     that a factory that crashes, hangs, exits or imports a module of a common name cannot harm
@@ -275,6 +290,14 @@ def check_model(ref: str, input_shape: tuple[int, ...] | list[int], slo_ms: floa
            repr(float(slo_ms)), *(["--workdir", workdir] if workdir else [])]
     env = {k: v for k, v in os.environ.items() if not k.startswith("PLINTH_")}
     env["OMP_NUM_THREADS"] = "1"
+    if tuned is not None:
+        from plinth.serve.tuned import check_tuned
+
+        db, target, share = tuned
+        check_tuned(db, ref, shape, target, share)
+        cmd += ["--tuned-db", db, "--tuned-target", target, "--share", f"{share:g}"]
+    if timeout_s is None:
+        timeout_s = CHECK_TIMEOUT_S if tuned is None else TUNED_CHECK_TIMEOUT_S
     try:
         done = subprocess.run(cmd, capture_output=True, timeout=timeout_s, env=env, cwd=workdir,
                               check=False)
@@ -300,9 +323,14 @@ def _check_main(argv: list[str]) -> None:
     ap.add_argument("input_shape")
     ap.add_argument("slo_ms", type=float)
     ap.add_argument("--workdir", default=None)
+    ap.add_argument("--tuned-db", default=None)
+    ap.add_argument("--tuned-target", default="cpu")
+    ap.add_argument("--share", type=float, default=1.0)
     args = ap.parse_args(argv)
+    tuned = None if args.tuned_db is None else (args.tuned_db, args.tuned_target, args.share)
     try:
-        ms = check_model_here(args.ref, parse_shape(args.input_shape), args.slo_ms, args.workdir)
+        ms = check_model_here(args.ref, parse_shape(args.input_shape), args.slo_ms, args.workdir,
+                              tuned)
         answer: dict[str, Any] = {"latency_ms": ms}
     except SpecError as e:
         answer = {"error": str(e)}

@@ -3,13 +3,14 @@
     python -m plinth.serve.replica --model examples.serve.cnn:make --input-shape 1,28,28 \\
         --slo-ms 100 [--handler examples.serve.handler:Handler] [--max-batch 0] \\
         [--max-wait-ms 5] [--host 127.0.0.1] [--port 0] [--workdir DIR] \\
-        [--register URL] [--unit NAME]
+        [--register URL] [--unit NAME] [--tuned-db DB --tuned-target cpu]
 
 At startup the replica loads the model (see `plinth.serve.model`), times it per batch size and
 picks its batch size (see `plinth.serve.batching`); only then does it listen and print one line,
 ``ready http://HOST:PORT``. HTTP:
 
-- GET /healthz: 200 (the model is loaded and profiled before the port opens).
+- GET /healthz: 200 (the model is loaded and profiled before the port opens); with a tuned
+  model, its "tuned" member says which share's records it runs (see `plinth.serve.tuned`).
 - POST /infer: a JSON body goes through the handler (default: ``{"inputs": [...]}`` in,
   ``{"outputs": [...], "classes": [...]}`` out); a body of type ``application/x-npy`` is one
   `numpy.save` array (a batch, cast to float32), answered with the outputs as npy. A body the
@@ -21,6 +22,9 @@ $PLINTH_REPLICA_SECRET`` once ready and every second after. On SIGTERM it stops 
 POSTs the same body to URL/leave, finishes the requests it holds and exits 0.
 
 The model runs on one torch thread unless OMP_NUM_THREADS says otherwise: a replica is one CPU.
+With --tuned-db it is instead the TVM build of the records tuned at the share nearest the
+replica's (its OMP_NUM_THREADS, or its MPS share on cuda), run on the Relax VM, a batch one
+example at a time; the replica says which records at startup, on stderr.
 """
 
 from __future__ import annotations
@@ -70,6 +74,7 @@ from plinth.serve.model import (
     replica_device,
     try_example,
 )
+from plinth.serve.tuned import TunedInfo, replica_share, tuned_forward
 
 NPY = "application/x-npy"
 SECRET_ENV = "PLINTH_REPLICA_SECRET"
@@ -128,15 +133,27 @@ class Loaded:
     profile_ms: dict[int, float]
     profile_stop: str
     max_wait_ms: float
+    tuned: TunedInfo | None = None
 
 
 def prepare(args: argparse.Namespace, executor: ThreadPoolExecutor) -> Loaded:
     """Load, try and profile the model on the worker thread, and choose the batch size."""
     shape = parse_shape(args.input_shape)
-    forward = forward_fn(load_model(args.model, workdir=args.workdir), replica_device())
+    tuned = None
+    if args.tuned_db is None:
+        forward = forward_fn(load_model(args.model, workdir=args.workdir), replica_device())
+    else:
+        forward, tuned = tuned_forward(args.tuned_db, args.model, shape, args.tuned_target,
+                                       replica_share(args.tuned_target), workdir=args.workdir)
+        print(f"replica: serving {args.model} built by TVM: {tuned.line()}", file=sys.stderr,
+              flush=True)
     handler = load_handler(args.handler, workdir=args.workdir)
     executor.submit(try_example, forward, shape).result()
-    if args.max_batch == 0:
+    if tuned is not None and args.max_batch == 0:
+        # A batch runs one example after another: batching would only add the wait to fill it.
+        times, stop = executor.submit(profile, forward, shape, [1]).result()
+        choice = BatchChoice(1, "a tuned model is built for a batch of one")
+    elif args.max_batch == 0:
         times, stop = executor.submit(profile, forward, shape, profile_sizes(ADAPTIVE_CAP),
                                       stop_above_ms=SLO_SHARE * args.slo_ms).result()
         choice = choose_batch_size(times, slo_ms=args.slo_ms)
@@ -148,7 +165,7 @@ def prepare(args: argparse.Namespace, executor: ThreadPoolExecutor) -> Loaded:
                             f"{stop}")
         choice = BatchChoice(args.max_batch, f"fixed by --max-batch {args.max_batch}")
     wait = bounded_wait_ms(args.max_wait_ms, slo_ms=args.slo_ms, batch_ms=times[choice.size])
-    return Loaded(args.model, shape, forward, handler, choice, times, stop, wait)
+    return Loaded(args.model, shape, forward, handler, choice, times, stop, wait, tuned)
 
 
 def make_app(m: Loaded, batcher: Batcher) -> Starlette:
@@ -158,7 +175,8 @@ def make_app(m: Loaded, batcher: Batcher) -> Starlette:
         return JSONResponse({"error": reason}, status)
 
     async def healthz(request: Request) -> JSONResponse:
-        return JSONResponse({"status": "ok", "model": m.ref, "batch_size": m.choice.size})
+        return JSONResponse({"status": "ok", "model": m.ref, "batch_size": m.choice.size,
+                             **({"tuned": m.tuned.as_json()} if m.tuned else {})})
 
     async def stats(request: Request) -> JSONResponse:
         return JSONResponse({**batcher.snapshot(), "max_wait_ms": m.max_wait_ms,
@@ -285,6 +303,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--workdir", default=None, help="put on sys.path; relative files from here")
     ap.add_argument("--register", default=None, metavar="URL")
     ap.add_argument("--unit", default=None, help="the name to register (default replica-PID)")
+    ap.add_argument("--tuned-db", default=None, metavar="DB",
+                    help="serve the TVM build tuned in this database (plinth.serve.tuned)")
+    ap.add_argument("--tuned-target", choices=("cpu", "cuda"), default="cpu")
     args = ap.parse_args(argv)
     if args.slo_ms <= 0:
         ap.error(f"--slo-ms must be > 0, got {args.slo_ms:g}")

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 import os
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
@@ -11,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from plinth.control.spec import Resources
 from plinth.core.registry import Registry
-from plinth.core.spec import beside
+from plinth.core.spec import beside, from_folder
 
 # The models a replica serves (plinth.serve.model builds them; torch is imported on first use).
 MODELS: Registry[Callable[[], Any]] = Registry("model")  # -> a torch.nn.Module
@@ -38,6 +40,20 @@ class Batching(BaseModel):
     max_wait_ms: float = Field(5.0, ge=0, le=10_000)
 
 
+# The model forms a Tune task tunes (plinth.tune.spec): TVM imports the model via torch.export.
+_TUNABLE = re.compile(r"^([A-Za-z_][\w.]*:[A-Za-z_]\w*|.+\.pt2)$")
+
+
+class Tuned(BaseModel):
+    """Serve the model as a `kind: Tune` task tuned it: each replica builds it with TVM from the
+    records tuned at the share nearest its own (its CPU count on `cpu`, its GPU share in percent
+    on `cuda`) and runs it on the Relax VM instead of torch. See `plinth.serve.tuned`."""
+
+    model_config = ConfigDict(extra="forbid")
+    db: str = Field(min_length=1, description="the Tune task's database folder")
+    target: Literal["cpu", "cuda"] = "cpu"
+
+
 class ServiceSpec(BaseModel):
     """An inference service: the user's model behind the platform's router, on replicas the
     scheduler places and the autoscaler sizes. Read it with `plinth.core.spec.load_spec`.
@@ -52,6 +68,7 @@ class ServiceSpec(BaseModel):
     resources: {cpus: 1, memory: 1Gi}  # per replica; or gpu_fraction with gpu_memory
     min_replicas: 1
     max_replicas: 4
+    tuned: {db: tune-db, target: cpu}  # optional: serve the TVM build a Tune task tuned
     ```
     """
 
@@ -74,6 +91,7 @@ class ServiceSpec(BaseModel):
     priority: int = Field(0, ge=-1000, le=1000)
     preemptible: bool = False  # a replica is not preempted by default (see docs/serving.md)
     batching: Batching = Field(default_factory=Batching)
+    tuned: Tuned | None = None
     # where MODULE is imported from: default, where you submit; a relative one is taken from
     # the spec's folder, so that a spec naming its project's root runs from any directory
     workdir: str | None = None
@@ -81,24 +99,48 @@ class ServiceSpec(BaseModel):
 
     def submitted(self, base: Path | None) -> ServiceSpec:
         """MODULE is imported from `workdir` (where you submit, or relative to the spec's
-        folder); a model file beside the spec is made absolute. The model is loaded and timed here, in a child process (one line naming
-        the field if it fails), for `service_ms` unless the spec gives it: the control plane
-        never imports a user's model."""
+        folder); a model file beside the spec is made absolute, and so is `tuned.db`, found
+        from the spec's folder. The model is loaded and timed here, in a child process (one
+        line naming the field if it fails), for `service_ms` unless the spec gives it: the
+        control plane never imports a user's model."""
         from plinth.serve.model import check_model
 
-        workdir = self.workdir or "."
-        if self.workdir and base is not None and not os.path.isabs(self.workdir):
-            workdir = os.path.join(base, self.workdir)
-        workdir, model = os.path.abspath(workdir), beside(base, self.model)
-        measured = check_model(model, self.input_shape, self.slo_ms, workdir=workdir)
-        return self.model_copy(update={"workdir": workdir, "model": model,
+        workdir = from_folder(base, self.workdir) if self.workdir else os.path.abspath(".")
+        model = beside(base, self.model)
+        tuned = self.tuned
+        if tuned is not None:
+            tuned = tuned.model_copy(update={"db": from_folder(base, tuned.db)})
+        measured = check_model(model, self.input_shape, self.slo_ms, workdir=workdir,
+                               tuned=None if tuned is None else (tuned.db, tuned.target,
+                                                                 self.share()))
+        return self.model_copy(update={"workdir": workdir, "model": model, "tuned": tuned,
                                        "service_ms": self.service_ms or round(measured, 3)})
+
+    def threads(self) -> int:
+        """The threads a replica runs its model on (OMP_NUM_THREADS, TVM_NUM_THREADS): its
+        whole CPUs, at least one, unless `env` sets OMP_NUM_THREADS."""
+        return int(self.env.get("OMP_NUM_THREADS") or max(1, math.floor(self.resources.cpus)))
+
+    def share(self) -> float:
+        """A replica's share as a Tune task counts shares: its GPU share in percent (the MPS
+        thread percentage the runtime gives it) when it has a gpu_fraction, else its threads."""
+        if self.resources.gpu_fraction:
+            return float(max(1, round(self.resources.gpu_fraction * 100)))
+        return float(self.threads())
 
     @field_validator("model")
     @classmethod
     def _model(cls, v: str) -> str:
         if "\0" in v or "\n" in v:
             raise ValueError("must be MODULE:FACTORY or a file path on one line")
+        return v
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, v: dict[str, str]) -> dict[str, str]:
+        threads = v.get("OMP_NUM_THREADS")
+        if threads is not None and not (threads.isdigit() and int(threads) >= 1):
+            raise ValueError(f"OMP_NUM_THREADS must be a whole number >= 1, got {threads!r}")
         return v
 
     @model_validator(mode="after")
@@ -112,4 +154,19 @@ class ServiceSpec(BaseModel):
         if self.service_ms is not None and self.service_ms >= self.slo_ms:
             raise ValueError(f"slo_ms {self.slo_ms:g} ms must be above service_ms "
                              f"{self.service_ms:g} ms")
+        if self.tuned is not None:
+            self._check_tuned(self.tuned)
         return self
+
+    def _check_tuned(self, tuned: Tuned) -> None:
+        if not _TUNABLE.match(self.model) or self.model in MODELS:
+            raise ValueError(f"tuned: a tuned model is MODULE:FACTORY or a .pt2 file, as a "
+                             f"Tune task takes it; model is {self.model!r}")
+        gpu = self.resources.gpu_fraction
+        if tuned.target == "cuda" and not gpu:
+            raise ValueError("tuned.target: cuda runs on a GPU share; give the replica a "
+                             "resources.gpu_fraction, or use target: cpu")
+        if tuned.target == "cpu" and gpu:
+            raise ValueError(f"tuned.target: cpu runs on the replica's CPUs, but "
+                             f"resources.gpu_fraction {gpu:g} gives it a GPU share; use "
+                             f"target: cuda")

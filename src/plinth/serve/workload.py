@@ -20,7 +20,6 @@ preemptible jobs as any job may under the scheduler's policy.
 from __future__ import annotations
 
 import logging
-import math
 import sys
 from collections import deque
 from collections.abc import Mapping
@@ -102,6 +101,8 @@ class ServiceController:
         w.status.setdefault("desired", w.spec.min_replicas)
         w.status.update(router_port=self.server.port,  # type: ignore[union-attr]
                         url=f"{url}/v1/{w.name}/infer", slo_ms=w.spec.slo_ms)
+        if w.spec.tuned:
+            w.status["tuned"] = tuned_status(w.spec)
 
     def ended(self, w: Workload) -> None:
         if self.server is not None:
@@ -145,10 +146,11 @@ class ServiceController:
             command += ["--handler", s.handler]
         if s.workdir:
             command += ["--workdir", s.workdir]
+        if s.tuned:
+            command += ["--tuned-db", s.tuned.db, "--tuned-target", s.tuned.target]
         return JobSpec(name=f"{w.name}.{unit}", tenant=w.tenant, command=command,
-                       env={**s.env, "PLINTH_REPLICA_SECRET": w.secret, "OMP_NUM_THREADS":
-                            s.env.get("OMP_NUM_THREADS", str(max(1, math.floor(
-                                s.resources.cpus))))},
+                       env={**s.env, "PLINTH_REPLICA_SECRET": w.secret,
+                            "OMP_NUM_THREADS": str(s.threads())},
                        workdir=s.workdir, resources=s.resources, priority=s.priority,
                        preemptible=s.preemptible)
 
@@ -256,3 +258,15 @@ class ServiceController:
             fc = HoltForecaster().quantiles(np.array([live.history], np.int64), [0.5])
             return float(fc[0, 0, 0]) / self.minute_s
         return (live.history[-1] if live.history else live.minute_count) / self.minute_s
+
+
+def tuned_status(s: ServiceSpec) -> str:
+    """Which records a tuned service's replicas run, for `plinth show`: read from the database's
+    folders, as the replicas pick them (no TVM in the control plane)."""
+    from plinth.serve.tuned import check_tuned
+
+    assert s.tuned is not None
+    try:
+        return check_tuned(s.tuned.db, s.model, s.input_shape, s.tuned.target, s.share()).line()
+    except (SpecError, OSError) as e:  # the database moved since submission: say so, go on
+        return f"no records: {e}"

@@ -67,6 +67,12 @@ class TuneController:
         if spec.target == "cuda" and cluster_gpus == 0:
             raise SpecError("target: cuda, but the cluster has no GPU")
 
+    def started(self, w: Workload) -> None:
+        """What `plinth ls` shows of the task (the list of workloads carries no specs)."""
+        spec = _spec(w)
+        w.status.update(target=spec.target, shares=list(spec.shares), trials=spec.trials,
+                        clients_per_share=spec.clients, db=spec.db)
+
     def unit_ended(self, w: Workload, unit: str) -> None:
         """Called once per ended job of a unit; counts the clients' failures."""
         w.status.setdefault("ended", {})

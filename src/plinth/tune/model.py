@@ -46,9 +46,12 @@ def export(model: str, input_shape: Sequence[int]) -> Any:
 
     if model.endswith(".pt2"):
         return torch.export.load(model)
+    # The factory first: under a seed, a factory that initialises at random then gives the
+    # weights it gives without the export (a Service's replica seeds torch so, plinth.serve.tuned).
+    net = load_torch(model)
     example = torch.randn(*input_shape)
     with torch.no_grad():
-        return torch.export.export(load_torch(model), (example,))
+        return torch.export.export(net, (example,))
 
 
 @functools.lru_cache(maxsize=8)

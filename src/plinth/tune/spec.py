@@ -20,13 +20,12 @@ that one TVM cannot import is refused at submission, naming the operator it lack
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Annotated, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-from plinth.core.spec import beside
+from plinth.core.spec import beside, from_folder
 from plinth.tune.target import gpu_count
 
 # Whether reading a spec imports its model through TVM (user code). The control plane sets it
@@ -63,8 +62,8 @@ class TuneSpec(BaseModel):
     model: str = Field(pattern=_MODEL)
 
     def submitted(self, base: Path | None) -> TuneSpec:
-        """The database where you submit from; a `.pt2` model beside the spec, absolute."""
-        return self.model_copy(update={"db": os.path.abspath(self.db),
+        """The database and a `.pt2` model beside the spec (as every path in a spec), absolute."""
+        return self.model_copy(update={"db": from_folder(base, self.db),
                                        "model": beside(base, self.model)})
 
     @field_validator("target")
