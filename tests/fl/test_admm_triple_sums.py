@@ -106,7 +106,7 @@ def test_the_attack_recovers_every_model_from_the_unmasked_sums():
     """The attack is sound: on the sums as they were published before the masks, it recovers
     every model of 15 sites (and the masks cancel: z is the same)."""
     v = 15
-    w, pi, _, sites, published, true, zs = run_protocol(v)
+    w, pi, _, _, _, true, zs = run_protocol(v)
     err = relative_errors(solve(v, pi, [(k, t, decode(s)) for k, t, s in true], zs), w)
     print(f"v={v}, unmasked sums: models recovered, relative error {err.max():.2g}")
     assert err.max() < 1e-6

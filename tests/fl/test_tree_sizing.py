@@ -16,12 +16,16 @@ from plinth.fl.aggregate.sizing import TreeShape, ewma, leaf_throughput, size_tr
 
 @given(n=st.integers(0, 100_000), size=st.integers(1, 10**9),
        tput=st.one_of(st.none(), st.floats(1e3, 1e11)), deadline=st.floats(1e-3, 1e3),
-       cap=st.integers(1, 256), per_middle=st.one_of(st.none(), st.integers(1, 64)))
+       cap=st.integers(1, 256), per_middle=st.one_of(st.none(), st.integers(1, 64)),
+       per_leaf=st.one_of(st.none(), st.integers(1, 64)))
 def test_the_shape_stays_in_bounds_and_covers_every_update(n, size, tput, deadline, cap,
-                                                           per_middle):
+                                                           per_middle, per_leaf):
     sh = size_tree(expected_updates=n, update_bytes=size, throughput_bps_per_leaf=tput,
-                   round_deadline_s=deadline, max_leaves=cap, leaves_per_middle=per_middle)
+                   round_deadline_s=deadline, max_leaves=cap, leaves_per_middle=per_middle,
+                   max_updates_per_leaf=per_leaf)
     assert 1 <= sh.leaves <= max(1, min(cap, n))
+    if per_leaf is not None and sh.leaves < cap:
+        assert sh.updates_per_leaf <= per_leaf  # the cap holds wherever the budget allows
     assert sh.leaves * sh.updates_per_leaf >= n  # every expected update has a leaf
     assert sh.middles == math.ceil(sh.leaves / (per_middle or sh.leaves))
     if tput is not None and sh.leaves < min(cap, n):
@@ -50,6 +54,23 @@ def test_the_prior_and_a_fixed_tree():
     assert fixed.leaves == 3 and "fixed" in fixed.reason
     with pytest.raises(PlinthError, match="max_leaves"):
         size_tree(expected_updates=1, max_leaves=0, **kw)
+
+
+def test_a_per_leaf_update_cap_resizes_a_fast_tree_with_the_load():
+    """Tiny updates fold so fast that throughput alone asks for one leaf whatever the load;
+    `max_updates_per_leaf` makes the tree follow the round's participants, within max_leaves."""
+    kw = {"update_bytes": 10_000, "throughput_bps_per_leaf": 1e8, "round_deadline_s": 1.0,
+          "max_leaves": 5}
+    assert [size_tree(expected_updates=n, **kw).leaves for n in (3, 10, 100)] == [1, 1, 1]
+    capped = [size_tree(expected_updates=n, max_updates_per_leaf=3, **kw) for n in (3, 10, 100)]
+    assert [sh.leaves for sh in capped] == [1, 4, 5]
+    assert "at most 3 updates a leaf -> 4 leaves" in capped[1].reason
+    assert capped[1].updates_per_leaf == 3  # 10 updates over 4 leaves: 3 a leaf at most
+    # a fixed tree stays fixed, and a slow leaf still asks for more leaves than the cap would
+    assert size_tree(expected_updates=10, max_updates_per_leaf=1, fixed_leaves=2, **kw
+                     ).leaves == 2
+    slow = {**kw, "throughput_bps_per_leaf": 2e4}
+    assert size_tree(expected_updates=10, max_updates_per_leaf=9, **slow).leaves == 5
 
 
 def test_the_sizing_reads_no_cpu_count(monkeypatch):

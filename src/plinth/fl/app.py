@@ -99,13 +99,16 @@ class AggregationSpec(_Spec):
     tree of leaf aggregator processes over shared memory (plinth.fl.aggregate.tree). With
     `leaves: auto` each round is sized by `plinth.fl.aggregate.sizing.size_tree`: enough leaves
     to fold the selected updates within `fold_deadline` seconds at the leaves' measured
-    throughput (`updates_per_leaf` a leaf before any was measured), at most `max_leaves` (the
-    task's aggregator budget, not the machine's CPU count); or a fixed number."""
+    throughput (`updates_per_leaf` a leaf before any was measured), and at least enough that no
+    leaf is planned more than `max_updates_per_leaf` updates (when set: it bounds what one dead
+    leaf takes with it), at most `max_leaves` (the task's aggregator budget, not the machine's
+    CPU count); or a fixed number."""
 
     mode: Literal["stream", "tree"] = "stream"
     leaves: Any = "auto"  # "auto" or a whole number >= 1
     max_leaves: int = Field(default=4, ge=1)
     updates_per_leaf: int = Field(default=8, ge=1)
+    max_updates_per_leaf: int | None = Field(default=None, ge=1)
     fold_deadline: float = Field(default=1.0, gt=0)
     # a leaf that hands back no slot (or no partial sum) for this long is stuck: it is killed
     # and replaced, and the round's updates it held are failures

@@ -8,9 +8,12 @@ per byte, `ewma`); the round's folding should take no more than `round_deadline_
     leaves = ceil(expected_updates * update_bytes / (throughput_bps_per_leaf * round_deadline_s))
 
 clamped to [1, min(max_leaves, expected_updates)]. Before anything was measured the prior is
-`prior_updates_per_leaf` updates a leaf. No CPU count is read here: the runtime gives each
-aggregator unit its CPUs (`cpus` is the hint the scheduler packs by), and `max_leaves` is the
-task's budget.
+`prior_updates_per_leaf` updates a leaf. `max_updates_per_leaf`, when set, is a floor on top of
+the throughput: at least ceil(expected_updates / max_updates_per_leaf) leaves, so that a leaf
+that dies mid-round takes about that many of the round's updates with it, however fast the
+leaves fold (small models fold so fast that throughput alone asks for one leaf). No CPU count
+is read here: the runtime gives each aggregator unit its CPUs (`cpus` is the hint the
+scheduler packs by), and `max_leaves` is the task's budget.
 """
 
 from __future__ import annotations
@@ -36,7 +39,8 @@ def size_tree(*, expected_updates: int, update_bytes: int,
               throughput_bps_per_leaf: float | None, round_deadline_s: float,
               max_leaves: int, leaves_per_middle: int | None = None,
               prior_updates_per_leaf: int = 8, fixed_leaves: int | None = None,
-              cpus_per_leaf: float = 1.0) -> TreeShape:
+              max_updates_per_leaf: int | None = None, cpus_per_leaf: float = 1.0
+              ) -> TreeShape:
     """The tree for a round of `expected_updates` updates of `update_bytes` (see the module).
 
     `fixed_leaves` overrides the computation (still capped by `max_leaves`); a middle
@@ -62,6 +66,11 @@ def size_tree(*, expected_updates: int, update_bytes: int,
         why = (f"{n_up} updates x {update_bytes / 1e6:.3g} MB at "
                f"{throughput_bps_per_leaf / 1e6:.4g} MB/s a leaf within {round_deadline_s:g}s "
                f"-> {want} leaves, {leaves} within [1, {cap}]")
+    if fixed_leaves is None and max_updates_per_leaf is not None:
+        floor = math.ceil(n_up / max(1, max_updates_per_leaf))
+        if floor > leaves:
+            leaves = max(1, min(cap, floor))
+            why += f"; at most {max_updates_per_leaf} updates a leaf -> {leaves} leaves"
     per_middle = leaves_per_middle or leaves
     middles = math.ceil(leaves / max(1, per_middle))
     return TreeShape(leaves, middles, math.ceil(n_up / leaves) if n_up else 0,

@@ -159,9 +159,11 @@ class TreeAggregation:
     def __init__(self, template: NDArrays, *, leaves: Any = "auto", max_leaves: int = 4,
                  updates_per_leaf: int = 8, fold_deadline: float = 1.0, threads: int = 1,
                  leaf_timeout: float = 60.0, alpha: float = 0.5, listen: str | None = None,
-                 token: bytes | None = None, join_timeout: float = 60.0) -> None:
+                 token: bytes | None = None, join_timeout: float = 60.0,
+                 max_updates_per_leaf: int | None = None) -> None:
         self.fixed = None if leaves == "auto" else int(leaves)
         self.max_leaves, self.updates_per_leaf = max_leaves, updates_per_leaf
+        self.max_updates_per_leaf = max_updates_per_leaf
         self.fold_deadline, self.threads, self.alpha = fold_deadline, threads, alpha
         self.throughput: float | None = None  # bytes/s a leaf: EWMA over the rounds
         self.shapes = template_of(template)
@@ -179,7 +181,8 @@ class TreeAggregation:
         return cls(template, leaves=spec.leaves, max_leaves=spec.max_leaves,
                    updates_per_leaf=spec.updates_per_leaf, fold_deadline=spec.fold_deadline,
                    threads=threads, leaf_timeout=spec.leaf_timeout, listen=spec.leaf_listen,
-                   token=token, join_timeout=spec.leaf_join_timeout)
+                   token=token, join_timeout=spec.leaf_join_timeout,
+                   max_updates_per_leaf=spec.max_updates_per_leaf)
 
     def fits(self, template: NDArrays) -> bool:
         return template_of(template) == self.shapes
@@ -190,7 +193,8 @@ class TreeAggregation:
         return size_tree(expected_updates=expected, update_bytes=layout(self.shapes)[1],
                          throughput_bps_per_leaf=self.throughput,
                          round_deadline_s=self.fold_deadline, max_leaves=self.max_leaves,
-                         prior_updates_per_leaf=self.updates_per_leaf, fixed_leaves=self.fixed)
+                         prior_updates_per_leaf=self.updates_per_leaf, fixed_leaves=self.fixed,
+                         max_updates_per_leaf=self.max_updates_per_leaf)
 
     def measured(self, folded_bytes: list[int], busy_s: list[float]) -> float | None:
         """Fold one round's measured leaf throughput into the EWMA; returns the round's."""
