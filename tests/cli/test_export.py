@@ -106,9 +106,13 @@ def test_sched_config_from_the_sidecar():
 def test_quotas_as_the_control_plane_applies_them():
     rows = [{"name": "default", "gpus": None, "borrowing_limit": None},
             {"name": "a", "gpus": 3.0, "borrowing_limit": 1.0}]
-    assert [(q.name, q.nominal_gpus, q.borrowing_limit) for q in ex.platform_quotas(rows)] == \
-        [("default", 0.0, None), ("a", 3.0, 1.0)]
-    assert ex.platform_quotas(rows[:1]) == ()
+    # the replay's cluster: 8 GPUs; `default`, without a quota, gets what `a`'s leaves
+    cluster = ex.cluster_from_api([{"name": "n0", "cpus": 8, "memory_mib": 1024,
+                                    "gpu_model": "A100", "gpus": 8}], rows)
+    assert [(q.name, q.nominal_gpus, q.borrowing_limit) for q in cluster.tenants] == \
+        [("default", 5.0, None), ("a", 3.0, 1.0)]
+    assert ex.cluster_from_api([{"name": "n0", "cpus": 8, "memory_mib": 1024,
+                                 "gpu_model": "A100", "gpus": 8}], rows[:1]).tenants == ()
 
 
 def test_start_order_agreement():

@@ -1,14 +1,19 @@
 """A Service's tuned model (`tuned: {db, target}`): a tiny model tuned for real at two CPU shares
-through the control plane (once for the module), then served by replica processes at share 1
-and at share 2 on loopback: each runs the records of its own share, on TVM's Relax VM, and
-answers as the torch model does. The bad-input cases of the field are each provoked for real."""
+through a real `plinth up` (`plinth submit` of examples/tune/tiny.yaml with fewer trials, once
+for the module: the scheduler places its tracker, servers and clients as jobs, share 2's server
+once share 1's is gone on 2 cores), then served by replica processes at share 1 and at share 2
+on loopback: each runs the records of its own share, on TVM's Relax VM, and answers as the torch
+model does. The bad-input cases of the field are each provoked for real. tests/tune/
+test_tune_e2e.py tunes through an in-process control plane, with a server killed mid-task."""
 
 from __future__ import annotations
 
 import io
+import json
 import os
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -16,6 +21,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
+from filelock import FileLock
 from replica_process import ReplicaProcess
 
 from plinth.core.errors import SpecError
@@ -25,12 +31,10 @@ from plinth.serve.model import check_model
 from plinth.serve.replica import NPY
 from plinth.tune.db import listing, model_key
 from plinth.tune.models import tiny_linear
-from plinth.tune.spec import TuneSpec
 
 TESTS = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(TESTS / "tune"), str(TESTS / "control")]
+sys.path[:0] = [str(TESTS / "control")]
 from plinth_platform import Platform, run_cli  # a real `plinth up`, and the CLI against it
-from tune_local import run_spec  # the Tune tests' in-process platform
 
 MODEL = "plinth.tune.models:tiny_linear"
 EXAMPLE = TESTS.parent / "examples" / "serve" / "tuned.yaml"
@@ -53,18 +57,78 @@ def _submit_error(tmp_path: Path, **over) -> str:
     return msg
 
 
+TUNE_EXAMPLE = TESTS.parent / "examples" / "tune" / "tiny.yaml"
+
+
+@dataclass
+class Tuned:
+    """What one `plinth submit` of the example Tune task left: its database, the workload at
+    its end, and what `plinth tune show DB` and `plinth ls --all` printed."""
+
+    db: Path
+    workload: dict
+    show: str
+    ls: str
+
+
+def _tune(work: Path) -> Tuned:
+    doc = yaml.safe_load(TUNE_EXAMPLE.read_text())
+    doc |= {"db": str(work / "db"), "trials": 2, "trials_per_iter": 2, "builder": "inline"}
+    spec = work / "tune.yaml"
+    spec.write_text(yaml.safe_dump(doc))
+    p = Platform(work / "home").start()
+    try:
+        out = run_cli(p, "submit", str(spec))
+        assert out.returncode == 0 and "Submitted Tune tiny" in out.stdout, out.stderr
+        c = p.client()
+        deadline = time.monotonic() + 900
+        while c.workload("tiny")["state"] == "active":
+            assert time.monotonic() < deadline, "the tuning did not end in 900 s"
+            time.sleep(1)  # minutes of tuning: no need to ask the server more often
+        show = run_cli(p, "tune", "show", str(work / "db"))
+        assert show.returncode == 0, show.stderr
+        return Tuned(work / "db", c.workload("tiny"), show.stdout,
+                     run_cli(p, "ls", "--all").stdout)
+    finally:
+        p.stop()
+        p.kill_jobs()
+
+
 @pytest.fixture(scope="module")
-def tuned_db(tmp_path_factory) -> Path:
-    """tiny_linear at input [1, 64], tuned at shares 1 and 2 with two trials each."""
+def tuned(tmp_path_factory) -> Tuned:
+    """tiny_linear at input [1, 64], tuned at shares 1 and 2 with two trials each, by a Tune
+    workload on a real `plinth up`: once for the whole run, whichever xdist worker asks first
+    (the others wait on the lock and read what it left)."""
     pytest.importorskip("tvm")
-    work = tmp_path_factory.mktemp("tuned")
-    spec = TuneSpec.model_validate({"name": "lin", "model": MODEL, "input_shape": [1, 64],
-                                    "shares": [1, 2], "trials": 2, "trials_per_iter": 2,
-                                    "builder": "inline"})
-    out = run_spec(spec, work / "db", work / "home", timeout_s=900)
-    assert out.state == "succeeded", out
-    assert {e.share for e in listing(work / "db") if e.records} == {1.0, 2.0}
-    return work / "db"
+    root = tmp_path_factory.getbasetemp().parent  # shared by the workers of one run
+    work, done = root / "tuned", root / "tuned" / "done.json"
+    with FileLock(str(root / "tuned.lock")):
+        if not done.exists():
+            work.mkdir(exist_ok=True)
+            t = _tune(work)
+            done.write_text(json.dumps({"workload": t.workload, "show": t.show, "ls": t.ls}))
+    got = json.loads(done.read_text())
+    return Tuned(work / "db", got["workload"], got["show"], got["ls"])
+
+
+@pytest.fixture(scope="module")
+def tuned_db(tuned) -> Path:
+    return tuned.db
+
+
+@pytest.mark.slow
+def test_plinth_submit_tunes_at_two_shares_through_the_scheduler(tuned) -> None:
+    w = tuned.workload
+    assert w["state"] == "succeeded", w
+    assert {u["unit"] for u in w["units"]} == {"tracker", "server-share-1-0", "server-share-2-0",
+                                              "client-share-1-0", "client-share-2-0"}
+    key = model_key(MODEL, [1, 64])
+    assert {(e.model, e.share) for e in listing(tuned.db) if e.records >= 1} == \
+        {(key, 1.0), (key, 2.0)}
+    assert key in tuned.show
+    # `plinth ls` lists the task under the jobs, as it does services and FL tasks
+    row = next((ln for ln in tuned.ls.splitlines() if ln.startswith("tiny ")), tuned.ls)
+    assert "TUNE" in tuned.ls and "succeeded" in row and "1, 2 cores" in row and "2/2" in row
 
 
 # --- bad input, no TVM needed ------------------------------------------------------------------
