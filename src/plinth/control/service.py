@@ -400,9 +400,11 @@ class ControlPlane:
             now = self.clock()
             reports = self.runtime.poll()
             # A lost attempt may be the first sign of a node that left: look at once, so that
-            # the requeued job is not placed there again.
-            if time.monotonic() >= self._nodes_due or any(r.kind is EventKind.LOST
-                                                          for r in reports):
+            # the requeued job is not placed there again. (A runtime whose nodes are fixed,
+            # the local one, is not asked.)
+            if "elastic" in self.runtime.capabilities and (
+                    time.monotonic() >= self._nodes_due
+                    or any(r.kind is EventKind.LOST for r in reports)):
                 self._follow_nodes()
             events = [*self._runtime_events(reports), *self._take_incoming()]
             owner = self.owner

@@ -419,7 +419,7 @@ class GroupCommit:
                 batch.append(nxt)
             try:
                 ids = self.store.insert_jobs([(r, t, m) for r, t, m, _ in batch])
-            except Exception as e:
+            except Exception as e:  # noqa: BLE001 -- every waiter hears about it
                 for *_, fut in batch:
                     fut.set_exception(e)
                 continue

@@ -100,7 +100,8 @@ class Runtime(Protocol):
     """What every runtime provides. Events are delivered by `poll`; `notify` (given to the
     constructor) is called from any thread when new events are ready, to wake the control loop.
     `capabilities` names what it can do beyond launch and stop ("checkpoint": a stop lets the
-    job save first; "relaunch": a job's next attempt may start on other GPUs); a policy that
+    job save first; "relaunch": a job's next attempt may start on other GPUs; "elastic": its
+    nodes may leave and come back, so `nodes()` is read again while it runs); a policy that
     needs more is refused at start-up."""
 
     capabilities: frozenset[str]

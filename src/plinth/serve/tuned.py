@@ -49,7 +49,7 @@ class TunedInfo:
 
     def line(self) -> str:
         return (f"records tuned at share {self.tuned_at:g} for replica share {self.share:g} "
-                f"(tuned at {', '.join(f'{s:g}' for s in self.shares)}; {self.records} "
+                f"(tuned at {_shares(self.shares)}; {self.records} "
                 f"records in {self.db})")
 
 
