@@ -169,6 +169,12 @@ class Cluster:
         return [(int(f), n.num_gpus) for f, n in zip(self.node_first_gpu, self.nodes)]
 
     @cached_property
+    def gpu_slots(self) -> tuple[WorkerSlot, ...]:
+        """A worker slot holding just GPU g, whole, per GPU (shared: slots are immutable, and
+        gangs of one-GPU workers are placed in every pass)."""
+        return tuple(WorkerSlot(int(n), (g,)) for g, n in enumerate(self.gpu_node.tolist()))
+
+    @cached_property
     def node_rack_id(self) -> np.ndarray:
         ids = {r: i for i, r in enumerate(self.racks)}
         return np.array([ids[n.rack] for n in self.nodes])

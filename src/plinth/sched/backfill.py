@@ -21,7 +21,8 @@ from collections.abc import Collection, Iterable, Sequence
 
 import numpy as np
 
-from plinth.core.resources import Allocation, Request, WorkerSlot
+from plinth.core.resources import MILLI, Allocation, Request, WorkerSlot
+from plinth.sched.ends import RunningEnds
 from plinth.sched.placement import FreedWhole, PlacementConfig, place
 from plinth.sched.state import ClusterState
 from plinth.sched.types import Decisions, JobState, Snapshot, Start
@@ -33,12 +34,14 @@ Started = Sequence[tuple[JobState, Allocation]]
 
 def easy_backfill(snap: Snapshot, now: float, work: ClusterState, queue: Iterable[JobState],
                   d: Decisions, reason: str, oracle: bool = False, *,
-                  planned: Started = (), gone: Collection[int] = ()) -> None:
+                  planned: Started = (), gone: Collection[int] = (),
+                  memo: HeadPlacements | None = None) -> None:
     """Start what fits in `queue` order, with EASY backfill. Allocates on `work`.
 
     `planned` are jobs this pass already started on `work` and `gone` the running jobs it
     already preempted (a preemptive policy backfills after it has made room): the head's
-    reservation counts the first as running and the second as ended."""
+    reservation counts the first as running and the second as ended. A policy that keeps a
+    `memo` between passes saves placing the same head on the same state again."""
     cfg = snap.config
     pcfg, depth = cfg.placement, cfg.backfill_depth
     waiting, starts = d.waiting, d.starts
@@ -52,6 +55,7 @@ def easy_backfill(snap: Snapshot, now: float, work: ClusterState, queue: Iterabl
     # these only save hashing the request for every job of a long queue.
     failed_work: set[int] = set()
     failed_avoid: set[int] = set()
+    since: list[tuple[Allocation, Request]] = []  # started on `work` behind the head
     examined = 0
     behind = delays = backfilled = ""
     for js in queue:
@@ -60,7 +64,7 @@ def easy_backfill(snap: Snapshot, now: float, work: ClusterState, queue: Iterabl
             alloc = place(work, req, pcfg)
             if alloc is None:
                 head = js
-                res = reservation(snap, now, work, js, [*planned, *started], oracle, gone)
+                res = reservation(snap, now, work, js, [*planned, *started], oracle, gone, memo)
                 shadow = res.shadow
                 full = work.free_milli == 0
                 when = "unknown" if math.isinf(shadow) else f"t={shadow:.0f}s"
@@ -88,7 +92,7 @@ def easy_backfill(snap: Snapshot, now: float, work: ClusterState, queue: Iterabl
                 alloc = place(work, req, pcfg)
             else:
                 if avoid is None:  # first needed now: `work` as it is, reserved GPUs taken
-                    avoid = without_reserved(work, res.gpus)
+                    avoid = without_reserved(work, res.reserved(since))
                 alloc = place(avoid, req, pcfg)
             if alloc is None:
                 failed.add(id(req))
@@ -96,6 +100,8 @@ def easy_backfill(snap: Snapshot, now: float, work: ClusterState, queue: Iterabl
                 continue
             if avoid is not None:
                 avoid.allocate(masked(alloc, res.gpus), GPU_ONLY)
+            else:
+                since.append((alloc, req))
             why = backfilled
         work.allocate(alloc, req)
         full = work.free_milli == 0
@@ -147,74 +153,116 @@ def expected_ends(now: float, jobs: Sequence[JobState], oracle: bool, fresh: boo
     return now + left / np.where(rate <= 0, 1.0, rate)
 
 
+class HeadPlacements:
+    """Where a head of the queue went on a cluster state, remembered between passes.
+
+    Under load the head waits through many passes, and the state it would start on (the
+    cluster with the jobs that end before its shadow time released) is usually the same from
+    one pass to the next: a job that ends frees in `work` the GPUs it freed in the count. For a
+    countable request (whole GPUs, nothing else asked: see `FreedWhole`) placement reads only
+    the GPUs' free shares, so those are the key."""
+
+    __slots__ = ("_memo",)
+    SIZE = 64
+
+    def __init__(self) -> None:
+        self._memo: dict[tuple[Request, PlacementConfig, bytes], frozenset[int]] = {}
+
+    def reserved(self, work: ClusterState, freed: list[tuple[Allocation, Request]],
+                 req: Request, pcfg: PlacementConfig) -> frozenset[int]:
+        free = work.gpu_free_milli.copy()
+        slots = [s for a, _ in freed for s in a.slots if s.gpus]
+        if all(s.milli == MILLI for s in slots):  # whole GPUs, each held by one job
+            free[[g for s in slots for g in s.gpus]] += MILLI
+        else:
+            np.add.at(free, [g for s in slots for g in s.gpus],
+                      [s.milli for s in slots for _ in s.gpus])
+        key = (req, pcfg, free.tobytes())
+        gpus = self._memo.get(key)
+        if gpus is None:
+            gpus = _placed(_released(work, freed), req, pcfg)
+            if len(self._memo) >= self.SIZE:
+                self._memo.clear()
+            self._memo[key] = gpus
+        return gpus
+
+
+def _placed(state: ClusterState, req: Request, pcfg: PlacementConfig) -> frozenset[int]:
+    a = place(state, req, pcfg)
+    if a is None:
+        raise AssertionError(f"reservation: {req} was counted to fit but did not")
+    return frozenset(g for s in a.slots for g in s.gpus)
+
+
 class Reservation:
     """When the head of the queue could start (`shadow`), and the GPUs it would get then
-    (`gpus`), placed when first asked for."""
+    (`gpus`), placed when first asked for: on `work` with the allocations in `taken` (all whole
+    GPUs) released."""
 
     __slots__ = ("_gpus", "_pending", "shadow")
 
     def __init__(self, shadow: float, gpus: frozenset[int] | None = None,
-                 pending: tuple[ClusterState, Request, PlacementConfig] | None = None) -> None:
+                 pending: tuple[ClusterState, list[tuple[Allocation, Request]], Request,
+                                PlacementConfig, HeadPlacements | None] | None = None) -> None:
         self.shadow, self._gpus, self._pending = shadow, gpus, pending
 
     @property
     def gpus(self) -> frozenset[int]:
+        return self.reserved()
+
+    def reserved(self, since: Sequence[tuple[Allocation, Request]] = ()) -> frozenset[int]:
+        """The GPUs; `since` are the jobs started on `work` after the reservation was made,
+        all expected to end before the shadow time (so free by then)."""
         if self._gpus is None:
-            state, req, pcfg = self._pending  # type: ignore[misc]
-            a = place(state, req, pcfg)
-            if a is None:
-                raise AssertionError(f"reservation: {req} was counted to fit but did not")
-            self._gpus, self._pending = frozenset(g for s in a.slots for g in s.gpus), None
+            work, taken, req, pcfg, memo = self._pending  # type: ignore[misc]
+            freed = [*taken, *since]
+            self._gpus = (_placed(_released(work, freed), req, pcfg) if memo is None
+                          else memo.reserved(work, freed, req, pcfg))
+            self._pending = None
         return self._gpus
 
 
 NO_RESERVATION = Reservation(math.inf, frozenset())
 
 
+def _released(work: ClusterState, taken: list[tuple[Allocation, Request]]) -> ClusterState:
+    scratch = work.copy()
+    for a, r in taken:
+        scratch.release(a, r)
+    return scratch
+
+
 def reservation(snap: Snapshot, now: float, work: ClusterState, head: JobState,
-                started: Started, oracle: bool, gone: Collection[int] = ()) -> Reservation:
+                started: Started, oracle: bool, gone: Collection[int] = (),
+                memo: HeadPlacements | None = None) -> Reservation:
     """When and where `head` would start if the running jobs (less those in `gone`) and the
     ones `started` in this pass end as expected.
 
-    Ends are taken in order, by time then id. For a plain whole-GPU request the GPUs they free
-    are counted (`FreedWhole`) until the request would fit; a copy of `work` with them released
-    is kept, to place the request on if its GPUs are asked for."""
-    if gone:
-        running = [js for js in snap.running.values()
-                   if js.allocation is not None and js.id not in gone]
-    else:
-        running = [js for js in snap.running.values() if js.allocation is not None]
-    fresh = [js for js, _ in started]
-    jobs = running + fresh
-    allocs = [js.allocation for js in running] + [a for _, a in started]
-    ends = np.concatenate((expected_ends(now, running, oracle),
-                           expected_ends(now, fresh, oracle, fresh=True)))
-    ids = np.fromiter((js.id for js in jobs), np.int64, len(jobs))
-    queue = ((ends[i], allocs[i], jobs[i].job.request)  # by end time, then job id
-             for i in np.lexsort((ids, ends)).tolist())
+    Ends are taken in order, by time then id (`RunningEnds`, which the owner keeps between
+    passes). For a plain whole-GPU request the GPUs they free are counted (`FreedWhole`) until
+    the request would fit; where it will go is worked out only if asked for."""
+    ends = snap.ends if snap.ends is not None else RunningEnds.of(snap.running)
+    fresh = {js.id: a for js, a in started}
+    queue = ends.ordered(now, oracle, gone=gone, fresh=[js for js, _ in started])
     req, pcfg = head.job.request, snap.config.placement
     need = req.gpu_milli_total
     freed = FreedWhole(work) if FreedWhole.countable(req, pcfg) else None
     taken: list[tuple[Allocation, Request]] = []
     scratch: ClusterState | None = None
-    for end, alloc, jreq in queue:
+    for end, js in queue:
+        alloc, jreq = fresh.get(js.id) or js.allocation, js.job.request
         if scratch is None:
-            taken.append((alloc, jreq))
-            if freed is not None and freed.add(alloc):
-                if not freed.fits(req):
-                    continue
-                scratch = work.copy()  # fits by the count: place later, if asked
-                for a, r in taken:
-                    scratch.release(a, r)
-                return Reservation(float(end), pending=(scratch, req, pcfg))
-            scratch = work.copy()  # cannot be counted: release for real, place every time
-            for a, r in taken:
-                scratch.release(a, r)
+            taken.append((alloc, jreq))  # type: ignore[arg-type]
+            if freed is not None and freed.add(alloc):  # type: ignore[arg-type]
+                if freed.fits(req):  # fits by the count: place later, if asked
+                    return Reservation(end, pending=(work, taken, req, pcfg, memo))
+                continue
+            scratch = _released(work, taken)  # cannot be counted: release, place every time
         else:
-            scratch.release(alloc, jreq)
+            scratch.release(alloc, jreq)  # type: ignore[arg-type]
         if scratch.free_milli < need:
             continue  # not enough GPU share free in total yet: skip the placement attempt
         a = place(scratch, req, pcfg)
         if a is not None:
-            return Reservation(float(end), frozenset(g for s in a.slots for g in s.gpus))
+            return Reservation(end, frozenset(g for s in a.slots for g in s.gpus))
     return NO_RESERVATION

@@ -45,6 +45,7 @@ from sortedcontainers import SortedKeyList
 
 from plinth.core.resources import Allocation, Cluster
 from plinth.core.workload import Job
+from plinth.sched.ends import RunningEnds
 from plinth.sched.events import (  # noqa: F401 (the owner's vocabulary, imported from here too)
     Cancelled,
     CheckpointSaved,
@@ -104,6 +105,7 @@ class Owner:
         self.jobs: dict[int, JobState] = {}  # active jobs (and finished ones if keep_finished)
         self.pending: SortedKeyList = SortedKeyList(key=policy.order)
         self.running: dict[int, JobState] = {}  # RUNNING in the plan (launched or not)
+        self.ends = RunningEnds()  # the running jobs by expected end, for reservations
         self.waiting_launch: dict[int, JobState] = {}  # RUNNING, Launch held back for room
         self.runs: dict[int, _Run] = {}
         self.next_start: dict[int, tuple[Allocation, str, str | None]] = {}  # stopping -> restart
@@ -173,6 +175,7 @@ class Owner:
             c = dataclasses.replace(js, status=State.RUNNING)
             owner.jobs[c.id] = c
             owner.running[c.id] = c
+            owner.ends.add(c)  # its progress is current: the end is read from it
             start = c.start_time if c.start_time is not None else 0.0
             owner.runs[c.id] = _Run(start, start, c.rate or 1.0, 0.0, c.progress, c.attained,
                                     c.executed, c.job.request.num_gpus)
@@ -225,6 +228,8 @@ class Owner:
             run = self.runs[js.id]
             run.t0, run.rate, run.every = max(ev.at, run.start), ev.rate, ev.checkpoint_every
             js.rate = ev.rate
+            if js.status is State.RUNNING:
+                self.ends.add(js, run.t0, run.base_progress)
         elif type(ev) is CheckpointSaved:
             js.checkpointed = max(js.checkpointed,
                                   self._progress_at(js, self.runs[js.id], ev.at))
@@ -298,6 +303,7 @@ class Owner:
         if js.status is State.RUNNING:  # ended on its own: free in the plan too
             self.state.release(js.allocation, js.job.request)  # type: ignore[arg-type]
             del self.running[js.id]
+            self.ends.discard(js.id)
             self.deadlines.pop(js.id, None)
             self._freed = True
         js.rate = 0.0  # a finished job keeps its last allocation, to show where it ran
@@ -331,16 +337,18 @@ class Owner:
             self._pass(now)  # preemption only freed resources: plan again at once to use them
 
     def _pass(self, now: float) -> Decisions:
-        if now != self._touched_at:  # a second pass at the same instant finds them current
-            # Running jobs only: a stopping one may sit in the pending queue, sorted by the
-            # service it had when it was stopped.
+        if self.policy.reads_running and now != self._touched_at:
+            # (A second pass at the same instant finds them current.) Running jobs only: a
+            # stopping one may sit in the pending queue, sorted by the service it had when it
+            # was stopped.
             account, runs = self._account, self.runs
             for jid, js in self.running.items():
                 run = runs.get(jid)
                 if run is not None:  # launched
                     account(js, run, now)
             self._touched_at = now
-        snap = Snapshot(self.cluster, self.state, self.pending, self.running, self.config)
+        snap = Snapshot(self.cluster, self.state, self.pending, self.running, self.config,
+                        self.ends)
         t0 = time.perf_counter()
         d = self.policy.schedule(snap, now)
         self._out.policy_s += time.perf_counter() - t0
@@ -434,6 +442,7 @@ class Owner:
         if js.first_start is None:
             js.first_start = now
         self.running[js.id] = js
+        self.ends.add(js)  # its end moves with the clock until it progresses
         self.waiting_launch[js.id] = js
 
     def _launch_waiting(self, now: float) -> None:
@@ -464,6 +473,7 @@ class Owner:
         self._touch(js, now)
         self.state.release(js.allocation, js.job.request)  # type: ignore[arg-type]
         del self.running[js.id]
+        self.ends.discard(js.id)
         self.deadlines.pop(js.id, None)
         if reason is not StopReason.PREEMPT:  # a pass's own preemptions are in its plan
             self._freed = True
@@ -565,6 +575,7 @@ class Owner:
         if js.status is State.RUNNING:
             self.state.allocate(alloc, req)  # type: ignore[arg-type]
             self.running[js.id] = js
+            self.ends.add(js, start, js.progress)
             if js.job.time_limit:
                 self.deadlines[js.id] = start + js.job.time_limit
         else:

@@ -220,8 +220,12 @@ def _free_whole_gpus(state: ClusterState, n: int, count: int) -> list[int]:
 def _whole_slots(state: ClusterState, req: Request, plan: list[tuple[int, int]]) -> Allocation:
     """Turn (node, workers) pairs into worker slots of `req.gpus` whole GPUs each."""
     slots = []
+    one = state.cluster.gpu_slots if req.gpus == 1 else None
     for n, workers in plan:
         gpus = _free_whole_gpus(state, n, workers * req.gpus)
+        if one is not None:
+            slots += [one[g] for g in gpus]
+            continue
         for w in range(workers):
             slots.append(WorkerSlot(n, tuple(gpus[w * req.gpus:(w + 1) * req.gpus])))
     return Allocation(tuple(slots))
@@ -239,7 +243,12 @@ def _whole_fit(state: ClusterState, req: Request, mid: int) -> int | None:
     buckets = state.buckets[mid]
     cpu, mem = req.cpus_milli * req.workers, req.memory_mib * req.workers
     for k in range(need, len(buckets)):
-        for n in buckets[k]:
+        nodes = buckets[k]
+        if not nodes:
+            continue
+        if not cpu and not mem:
+            return min(nodes)  # ties by node index: the same whatever the set's history
+        for n in sorted(nodes):
             if state.node_free_cpu[n] >= cpu and state.node_free_mem[n] >= mem:
                 return n
     if req.workers == 1:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from plinth.core.resources import MILLI, Allocation, Cluster
 from plinth.core.throughput import DEFAULT_THROUGHPUTS, Throughputs
@@ -12,6 +13,9 @@ from plinth.core.workload import Job
 from plinth.sched.lifecycle import State
 from plinth.sched.placement import DEFAULT_PLACEMENT, PlacementConfig
 from plinth.sched.state import ClusterState
+
+if TYPE_CHECKING:
+    from plinth.sched.ends import RunningEnds
 
 
 @dataclass(slots=True, eq=False)  # identity equality: queues remove by identity
@@ -86,6 +90,8 @@ class Snapshot:
     pending: Sequence[JobState]
     running: Mapping[int, JobState]
     config: SchedConfig = field(default_factory=SchedConfig)
+    # The running jobs by expected end, kept by the owner (None: built from `running`).
+    ends: RunningEnds | None = None
 
 
 @dataclass(frozen=True, slots=True)

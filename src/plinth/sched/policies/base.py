@@ -19,6 +19,9 @@ class Policy:
     # What the runtime must be able to do for this policy ("checkpoint": stop a job so that it
     # saves first; "relaunch": start a moved job's next attempt on other GPUs).
     requires: frozenset[str] = frozenset()
+    # Whether `schedule` reads running jobs' progress, attained service or run time: the owner
+    # brings every running job up to date before each pass only for a policy that does.
+    reads_running = True
 
     def order(self, js: JobState) -> tuple:
         return (js.job.submit_time, js.job.id)

@@ -29,7 +29,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from plinth.core.errors import SpecError
-from plinth.sched.backfill import easy_backfill
+from plinth.sched.backfill import HeadPlacements, easy_backfill
 from plinth.sched.policies.base import Policy
 from plinth.sched.preemption import PreemptionPlan
 from plinth.sched.types import Decisions, JobState, Snapshot
@@ -46,6 +46,7 @@ class StrictPriority(Policy):
             raise SpecError(f"priority.preempt_depth: must not be negative, got {preempt_depth}")
         self.backfill = backfill
         self.preempt_depth = preempt_depth
+        self.memo = HeadPlacements()  # the head's placement at its shadow time, between passes
 
     def order(self, js: JobState) -> tuple:
         return (-js.job.priority, js.job.submit_time, js.job.id)
@@ -75,7 +76,7 @@ class StrictPriority(Policy):
 
         if self.backfill:  # phase 2
             easy_backfill(snap, now, plan.work, rest, d, "priority", planned=plan.started,
-                          gone=plan.victims)
+                          gone=plan.victims, memo=self.memo)
         else:
             d.waiting[rest[0].id] = "Resources: first in line (no backfill)"
             for js in rest[1:]:

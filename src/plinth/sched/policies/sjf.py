@@ -3,7 +3,7 @@ no real scheduler knows, and backfills with true run times."""
 
 from __future__ import annotations
 
-from plinth.sched.backfill import easy_backfill
+from plinth.sched.backfill import HeadPlacements, easy_backfill
 from plinth.sched.policies.base import Policy
 from plinth.sched.types import Decisions, JobState, Snapshot
 
@@ -12,6 +12,10 @@ class Sjf(Policy):
     """Shortest job first: an oracle reference that knows true run times."""
 
     name = "sjf"
+    reads_running = False  # the reservation reads the owner's index of expected ends
+
+    def __init__(self) -> None:
+        self.memo = HeadPlacements()  # the head's placement at its shadow time, between passes
 
     def order(self, js: JobState) -> tuple:
         # Remaining work does not change while a job waits, so the key is stable.
@@ -19,5 +23,6 @@ class Sjf(Policy):
 
     def schedule(self, snap: Snapshot, now: float) -> Decisions:
         d = Decisions()
-        easy_backfill(snap, now, snap.state.copy(), snap.pending, d, "sjf", oracle=True)
+        easy_backfill(snap, now, snap.state.copy(), snap.pending, d, "sjf", oracle=True,
+                      memo=self.memo)
         return d
