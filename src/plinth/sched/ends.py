@@ -54,6 +54,9 @@ class RunningEnds:
     def __len__(self) -> int:
         return len(self._jobs)
 
+    def ids(self) -> set[int]:
+        return set(self._jobs)
+
     def add(self, js: JobState, t0: float = math.inf, base: float = 0.0) -> None:
         """`js` runs in the plan. With `t0` (finite) and `js.rate`, it progresses from `base`
         at `t0` on; without, its end floats with the clock until `progressing` is called."""

@@ -43,6 +43,7 @@ def check_owner(owner: Owner) -> None:
             plan.allocate(owner.next_start[jid][0], js.job.request)
         if jid in owner.runs:
             held.allocate(js.allocation, js.job.request)  # type: ignore[arg-type]
+    assert owner.ends.ids() == set(owner.running), "the index of expected ends drifted"
     for alloc, req in owner.down.holds:
         plan.allocate(alloc, req)
     for mine, want, name in ((owner.state, plan, "plan"), (owner.held, held, "held")):
