@@ -129,3 +129,24 @@ def test_grpc_unavailable_is_reported(tmp_path):
     r = plinth("consent", "revoke", app, "--server", "127.0.0.1:9", "--token", "t")
     assert r.returncode != 0 and "127.0.0.1:9" in r.stderr
     assert grpc.StatusCode.DEADLINE_EXCEEDED.name in r.stderr or "UNAVAILABLE" in r.stderr
+
+
+def test_several_clients_in_one_process_each_need_a_token_from_the_file(tmp_path):
+    """`plinth fl client --cids A-B --tokens FILE`: bad ranges, a missing file, an id the
+    file has no token for, and --cids mixed with --token are each one line, before anything
+    is dialled."""
+    app = str(_app(tmp_path))
+    tokens = tmp_path / "tokens.txt"
+    assert plinth("tokens", str(tokens), "--clients", "2").returncode == 0
+    cases = [
+        (["--cids", "0-x", "--tokens", str(tokens)], "--cids: expected a range A-B or a list"),
+        (["--cids", "0,0", "--tokens", str(tokens)], "names no client or one twice"),
+        (["--cids", "0-1"], "--tokens: several clients in one process each need their own"),
+        (["--cids", "0-2", "--tokens", str(tokens)], "has no token for client 2"),
+        (["--cids", "0-1", "--tokens", str(tokens), "--token", "t"], "not both"),
+        (["--cids", "0-1", "--tokens", str(tmp_path / "none.txt")], "cannot read"),
+    ]
+    for args, want in cases:
+        r = plinth("client", app, "--server", "127.0.0.1:1", *args)
+        assert r.returncode != 0 and want in r.stderr, (args, r.stderr)
+        assert r.stderr.strip().count("\n") == 0, r.stderr

@@ -117,6 +117,33 @@ def test_an_fl_task_survives_its_control_plane_and_server_being_killed(tmp_path,
         assert f"round {ROUNDS} of {ROUNDS}" in show.stdout and "accuracy per round" in show.stdout
 
 
+def test_one_client_process_holds_several_clients_each_proven_by_its_own_token(tmp_path,
+                                                                             wait_for):
+    """`plinth fl client --cids 0-3 --tokens FILE`: four data partitions in one process (the
+    data and the model load once), each joining the task's server over its own connection
+    with its own token; every round has all four."""
+    spec = app(tmp_path, clients=4)
+    doc = yaml.safe_load(spec.read_text())
+    doc["server"] |= {"rounds": 3, "min_clients": 4, "min_available": 4}
+    spec.write_text(yaml.safe_dump(doc))
+    with task_platform(tmp_path, spec, clients=0) as (p, procs):
+        c = p.client()
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "plinth.cli.main", "fl", "client", str(spec), "--server",
+             c.workload("digits-fl")["status"]["address"], "--cids", "0-3", "--tokens",
+             str(tmp_path / "tokens.txt")],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env={**os.environ, "OMP_NUM_THREADS": "1"}))
+        wait_for(lambda: c.workload("digits-fl")["state"] != "active", 300, "the task to end")
+        done = c.workload("digits-fl")
+        assert done["state"] == "succeeded", done
+        assert [(r["round"], r["participants"]) for r in done["status"]["per_round"]] == \
+            [(1, 4), (2, 4), (3, 4)]
+        out, err = procs[0].communicate(timeout=120)
+        assert procs[0].returncode == 0, err
+        assert "clients 0-3: 12 tasks done" in out, out
+
+
 def test_an_fl_task_without_client_tokens_is_refused(tmp_path, shared_platform) -> None:
     spec = app(tmp_path)
     doc = yaml.safe_load(spec.read_text())

@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from plinth.core.errors import PlinthError
+from plinth.core.errors import PlinthError, SpecError
 
 app = typer.Typer(help="Federated learning: a server, its clients, or a simulated federation.",
                   no_args_is_help=True, pretty_exceptions_enable=False)
@@ -177,13 +177,25 @@ def client(
     token: Annotated[str | None, typer.Option(help="Token (or $PLINTH_FL_TOKEN).")] = None,
     tls: Annotated[str | None, typer.Option("--tls", metavar="DIR", help="Pin the CA "
                                             "DIR/server.pem (plinth fl certs DIR).")] = None,
+    cids: Annotated[str | None, typer.Option(help="Several clients in this process, e.g. 0-9 "
+                                                  "or 0,4,7, each with its token from --tokens "
+                                                  "(instead of --cid and --token).")] = None,
+    tokens: Annotated[str | None, typer.Option("--tokens", metavar="FILE", help="Tokens file "
+                                               "(plinth fl tokens) for --cids.")] = None,
 ) -> None:
     """Join a federation and train on local data until the server finishes."""
-    from plinth.fl.deploy import run_client
+    from plinth.fl.deploy import parse_cids, run_clients
 
-    ran = run_client(app_yaml, server=server, cid=cid, clients=clients, token=token,
-                     overrides=_transport_overrides(None, tls))
-    console.print(f"client {cid}: {ran} tasks done; the server has finished")
+    if cids is None:
+        ids, by_id, what = [cid], {cid: token}, "--cid"
+    else:
+        if token is not None or cid != 0:
+            raise SpecError("--cids: give --cids with --tokens, or --cid with --token, not both")
+        (ids, by_id), what = parse_cids(cids, tokens), "--cids"
+    ran = run_clients(app_yaml, server=server, cids=ids, clients=clients, tokens=by_id,
+                      overrides=_transport_overrides(None, tls), what=what)
+    who = f"client {ids[0]}" if len(ids) == 1 else f"clients {cids}"
+    console.print(f"{who}: {ran} tasks done; the server has finished")
 
 
 @app.command()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -154,19 +155,75 @@ def run_aggregator(app_path: str, *, server: str, address: str, clients: int, na
 def run_client(app_path: str, *, server: str, cid: int, clients: int | None = None,
                token: str | None = None, overrides: dict[str, Any] | None = None) -> int:
     """Serve one client of the app (data partition `cid` of `clients`) until the server ends."""
+    return run_clients(app_path, server=server, cids=[cid], clients=clients,
+                       tokens={cid: token}, overrides=overrides)
+
+
+def run_clients(app_path: str, *, server: str, cids: list[int], clients: int | None = None,
+                tokens: dict[int, str | None], overrides: dict[str, Any] | None = None,
+                what: str = "--cid") -> int:
+    """Serve clients `cids` of the app (data partitions of `clients`) until the server ends:
+    one process holding several partitions (a site with several data owners, or many clients
+    on one machine), each its own client over its own connection, proven by its own token.
+    The data and the model code load once. Returns the tasks run, all clients together."""
     parse_address(server)  # a typo fails now, not after the data has loaded
     spec = load_app(app_path, overrides)
     refuse_seeded_noise(spec, app_path, "plinth fl client")
     n = clients or spec.data.clients
-    if not 0 <= cid < n:
-        raise SpecError(f"--cid: {cid} is outside 0..{n - 1} (data.clients or --clients)")
+    for cid in cids:
+        if not 0 <= cid < n:
+            raise SpecError(f"{what}: {cid} is outside 0..{n - 1} (data.clients or --clients)")
     import torch
 
     torch.set_num_threads(1)
     app_clients = AppClients(spec, n)
-    runner = app_clients.runner(cid)
-    client = _dial(spec, server, str(cid), token, {"num_examples": app_clients.sizes()[cid]})
-    return client.serve(runner.handle)
+    sizes = app_clients.sizes()
+    served = [(app_clients.runner(cid),
+               _dial(spec, server, str(cid), tokens.get(cid), {"num_examples": sizes[cid]}))
+              for cid in cids]
+    if len(served) == 1:
+        runner, client = served[0]
+        return client.serve(runner.handle)
+    ran, errors = [0] * len(served), []
+
+    def serve(i: int) -> None:
+        runner, client = served[i]
+        try:
+            ran[i] = client.serve(runner.handle)
+        except BaseException as e:  # noqa: BLE001 (re-raised in the caller's thread)
+            errors.append(e)
+
+    threads = [threading.Thread(target=serve, args=(i,), name=f"fl-client-{cids[i]}",
+                                daemon=True) for i in range(len(served))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return sum(ran)
+
+
+def parse_cids(text: str, tokens_path: str | None) -> tuple[list[int], dict[int, str | None]]:
+    """`--cids 0-9` or `--cids 0,3,7` and the tokens file that holds each one's token."""
+    cids: list[int] = []
+    try:
+        for part in text.split(","):
+            lo, _, hi = part.strip().partition("-")
+            cids += range(int(lo), int(hi or lo) + 1)
+    except ValueError:
+        raise SpecError(f"--cids: expected a range A-B or a list A,B,C of client ids, got "
+                        f"{text!r}") from None
+    if not cids or len(set(cids)) != len(cids):
+        raise SpecError(f"--cids: {text!r} names no client or one twice")
+    if tokens_path is None:
+        raise SpecError("--tokens: several clients in one process each need their own token; "
+                        "pass the tokens file (plinth fl tokens FILE)")
+    by_id = {cid: tok for tok, cid in load_tokens(tokens_path).items()}
+    missing = [c for c in cids if str(c) not in by_id]
+    if missing:
+        raise SpecError(f"--tokens: {tokens_path} has no token for client {missing[0]}")
+    return cids, {c: by_id[str(c)] for c in cids}
 
 
 def consent_request(app_path: str, *, server: str, token: str | None,
