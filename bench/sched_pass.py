@@ -30,6 +30,7 @@ from rich.console import Console
 from rich.table import Table
 
 from plinth.core import Cluster, Node
+from plinth.sched.ends import RunningEnds
 from plinth.sched.lifecycle import State
 from plinth.sched.placement import place_and_allocate
 from plinth.sched.policies import make_policy
@@ -79,7 +80,9 @@ def snapshot(cluster: Cluster, policy, pending_n: int, fill: float, seed: int = 
         running[j.id] = js
     pending = [JobState(j, pending_since=j.submit_time) for j in jobs[pool:pool + pending_n]]
     pending.sort(key=policy.order)
-    return Snapshot(cluster, state, pending, running)
+    # The running jobs by expected end, as the owner of scheduling state keeps them between
+    # passes (it adds a job as it starts, not in every pass).
+    return Snapshot(cluster, state, pending, running, ends=RunningEnds.of(running, 0.0))
 
 
 def measure(name: str, situation: str, repeat: int, cluster: Cluster, pending_n: int) -> dict:

@@ -81,9 +81,9 @@ def easy_backfill(snap: Snapshot, now: float, work: ClusterState, queue: Iterabl
             # The job's remaining estimate (JobState.remaining_estimate, or the true
             # remaining time for an oracle), inlined: this runs for every examined job.
             job = js.job
-            est = job.duration if oracle or job.time_limit is None else job.time_limit
-            est -= js.progress
-            on_work = now + (max(0.0, est)) <= shadow
+            est = (job.duration if oracle or job.time_limit is None else job.time_limit
+                   ) - js.progress
+            on_work = now + (est if est > 0.0 else 0.0) <= shadow
             failed = failed_work if on_work else failed_avoid
             if id(req) in failed:
                 waiting[js.id] = behind if on_work else delays
@@ -241,7 +241,7 @@ def reservation(snap: Snapshot, now: float, work: ClusterState, head: JobState,
     Ends are taken in order, by time then id (`RunningEnds`, which the owner keeps between
     passes). For a plain whole-GPU request the GPUs they free are counted (`FreedWhole`) until
     the request would fit; where it will go is worked out only if asked for."""
-    ends = snap.ends if snap.ends is not None else RunningEnds.of(snap.running)
+    ends = snap.ends if snap.ends is not None else RunningEnds.of(snap.running, now)
     fresh = {js.id: a for js, a in started}
     queue = ends.ordered(now, oracle, gone=gone, fresh=[js for js, _ in started])
     req, pcfg = head.job.request, snap.config.placement

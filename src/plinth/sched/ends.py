@@ -44,11 +44,12 @@ class RunningEnds:
         self._floating: dict[int, float] = {}  # id -> when progress begins (inf: unknown)
 
     @classmethod
-    def of(cls, running: Mapping[int, JobState]) -> RunningEnds:
-        """An index of jobs whose `progress` is current (a snapshot built by hand)."""
+    def of(cls, running: Mapping[int, JobState], now: float) -> RunningEnds:
+        """An index of jobs whose `progress` is current at `now` (a snapshot built by hand;
+        the owner keeps its own as jobs start and stop)."""
         ends = cls()
         for js in running.values():
-            ends.add(js)
+            ends.add(js, now, js.progress)  # from now on at js.rate (floating if unknown)
         return ends
 
     def __len__(self) -> int:
