@@ -11,11 +11,11 @@ from plinth.core.errors import SpecError
 from plinth.core.resources import Cluster, Node, Request
 from plinth.core.spec import load_cluster
 from plinth.core.workload import Job
+from plinth.sched.lifecycle import State
 from plinth.sched.placement import place_and_allocate
 from plinth.sched.policies import make_policy
 from plinth.sched.policies.themis import Themis
 from plinth.sched.state import ClusterState
-from plinth.sched.lifecycle import State
 from plinth.sched.types import Decisions, JobState, SchedConfig, Snapshot
 from plinth.sched.validate import apply_decisions
 from plinth.sim.engine import simulate
