@@ -21,7 +21,7 @@ from collections.abc import Collection, Iterable, Sequence
 
 import numpy as np
 
-from plinth.core.resources import MILLI, Allocation, Request, WorkerSlot
+from plinth.core.resources import Allocation, Request, WorkerSlot
 from plinth.sched.ends import RunningEnds
 from plinth.sched.placement import FreedWhole, PlacementConfig, place
 from plinth.sched.state import ClusterState
@@ -128,31 +128,6 @@ def without_reserved(work: ClusterState, reserved: frozenset[int]) -> ClusterSta
     return avoid
 
 
-def expected_ends(now: float, jobs: Sequence[JobState], oracle: bool, fresh: bool = False
-                  ) -> np.ndarray:
-    """When each job is expected to end: now + remaining estimate / rate (the true remaining
-    time for an oracle). `fresh` jobs were just started and count at rate 1.
-
-    Vectorised, as the reservation needs every running job's end in every pass; the
-    arithmetic is the scalar formula's, element by element, so the times are the same."""
-    n = len(jobs)
-    if n == 0:
-        return np.empty(0)
-    progress = np.fromiter((js.progress for js in jobs), float, n)
-    if oracle:
-        total = np.fromiter((js.job.duration for js in jobs), float, n)
-    else:
-        specs = [js.job for js in jobs]
-        total = np.fromiter((j.duration if j.time_limit is None else j.time_limit
-                             for j in specs), float, n)
-    left = total - progress
-    left = np.where(left > 0.0, left, 0.0)  # max(0, ...), NaN-for-NaN as the scalar form
-    if fresh:
-        return now + left
-    rate = np.fromiter((js.rate for js in jobs), float, n)
-    return now + left / np.where(rate <= 0, 1.0, rate)
-
-
 class HeadPlacements:
     """Where a head of the queue went on a cluster state, remembered between passes.
 
@@ -170,13 +145,10 @@ class HeadPlacements:
 
     def reserved(self, work: ClusterState, freed: list[tuple[Allocation, Request]],
                  req: Request, pcfg: PlacementConfig) -> frozenset[int]:
-        free = work.gpu_free_milli.copy()
-        slots = [s for a, _ in freed for s in a.slots if s.gpus]
-        if all(s.milli == MILLI for s in slots):  # whole GPUs, each held by one job
-            free[[g for s in slots for g in s.gpus]] += MILLI
-        else:
-            np.add.at(free, [g for s in slots for g in s.gpus],
-                      [s.milli for s in slots for _ in s.gpus])
+        free = work.gpu_free_milli.copy()  # as `_released(work, freed)` would have it
+        slots = [s for a, _ in freed for s in a.slots]
+        np.add.at(free, [g for s in slots for g in s.gpus],
+                  [s.milli for s in slots for _ in s.gpus])
         key = (req, pcfg, free.tobytes())
         gpus = self._memo.get(key)
         if gpus is None:

@@ -27,8 +27,7 @@ from plinth.sched.types import JobState
 
 
 def _estimate(js: JobState, oracle: bool) -> float:
-    job = js.job
-    return job.duration if oracle or job.time_limit is None else job.time_limit
+    return js.job.duration if oracle else js.job.estimate
 
 
 class RunningEnds:
@@ -60,7 +59,7 @@ class RunningEnds:
 
     def add(self, js: JobState, t0: float = math.inf, base: float = 0.0) -> None:
         """`js` runs in the plan. With `t0` (finite) and `js.rate`, it progresses from `base`
-        at `t0` on; without, its end floats with the clock until `progressing` is called."""
+        at `t0` on; without, its end floats with the clock until it is added again with them."""
         self.discard(js.id)
         self._jobs[js.id] = js
         if math.isinf(t0) or js.rate <= 0:
@@ -84,17 +83,18 @@ class RunningEnds:
         (started in this pass, at rate 1), by end then id."""
         self._settle(now)
         fixed, jobs = self._fixed[oracle], self._jobs
+        new = {js.id: js for js in fresh}
         past = fixed.bisect_left((now, math.inf))  # ends already due read as now
         moving = [(now + max(0.0, _estimate(js, oracle) - js.progress)
                    / (js.rate if js.rate > 0 else 1.0), js.id)
                   for js in map(jobs.__getitem__, self._floating)]
-        moving += [(now + max(0.0, _estimate(js, oracle) - js.progress), js.id) for js in fresh]
+        moving += [(now + max(0.0, _estimate(js, oracle) - js.progress), js.id)
+                   for js in new.values()]
         moving += [(now, jid) for _, jid in fixed.islice(0, past)]
         moving.sort()
-        fresh_jobs = {js.id: js for js in fresh} if moving else {}
         for end, jid in heapq.merge(moving, fixed.islice(past)):
             if jid not in gone:
-                yield end, jobs.get(jid) or fresh_jobs[jid]
+                yield end, jobs[jid] if jid in jobs else new[jid]
 
     def _settle(self, now: float) -> None:
         """Floating jobs whose progress has begun by `now` take their fixed place."""

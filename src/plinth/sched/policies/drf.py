@@ -41,11 +41,10 @@ import itertools
 import math
 from collections.abc import Iterable, Iterator, Sequence
 
-import numpy as np
-
 from plinth.core.errors import SpecError
 from plinth.core.resources import Allocation, Cluster, Request, TenantQuota
-from plinth.sched.backfill import GPU_ONLY, expected_ends, masked, reservation, without_reserved
+from plinth.sched.backfill import GPU_ONLY, masked, reservation, without_reserved
+from plinth.sched.ends import RunningEnds
 from plinth.sched.placement import place, placeable
 from plinth.sched.policies.base import Policy
 from plinth.sched.preemption import can_preempt, find_victims, guaranteed_runtime, victim_order
@@ -159,7 +158,7 @@ class _Pass:
         self.holds: dict[str, tuple[int, float]] = {}  # tenant -> job, time: see `hold`
         self.jobs: dict[int, JobState] = {}  # the jobs examined, by id
         self.gpu_before = {name: t.gpu for name, t in book.tenants.items()}
-        self._ends: list[tuple[float, int, str, int, str]] | None = None  # see `cohort_ends`
+        self._ends: RunningEnds | None = None  # see `cohort_ends`
         # Per request object: (a token equal for equal requests, its milli-GPUs). Runs of
         # look-alike jobs are read for every pass, and a request hashes all its fields.
         self._reqs: dict[int, tuple[int, int]] = {}
@@ -401,28 +400,17 @@ class _Pass:
 
     def cohort_ends(self, cohort: str) -> Iterator[tuple[float, str, int]]:
         """(expected end, tenant, milli-GPUs) of the jobs of `cohort` that hold GPUs now
-        (running and not preempted, or started in this pass), by end then id, read lazily:
-        `hold` stops at the first end that frees enough. The running jobs' ends are computed
-        and sorted once per pass, vectorised."""
+        (running and not preempted, or started in this pass), by end then id, read lazily
+        from the owner's index of expected ends: `hold` stops at the first end that frees
+        enough."""
         if self._ends is None:
-            running = list(self.snap.running.values())
-            ids = np.fromiter((r.id for r in running), np.int64, len(running))
-            ends = expected_ends(self.now, running, oracle=False)
-            order = np.lexsort((ids, ends))
-            by_end = [running[i] for i in order.tolist()]
-            cohort_of = {name: t.cohort for name, t in self.book.tenants.items()}
-            self._ends = list(zip(ends[order].tolist(), ids[order].tolist(),
-                                  [r.job.tenant for r in by_end],
-                                  [self.req_info(r.job.request)[1] for r in by_end],
-                                  [cohort_of[r.job.tenant] for r in by_end]))
-        book, now, preempted = self.book, self.now, self.preempted
-        fresh = sorted((now + f.remaining_estimate, f.id, f.job.tenant,
-                        self.req_info(f.job.request)[1], book.tenant(f.job.tenant).cohort)
-                       for f in (self.jobs[s.job_id] for s in self.d.starts))
-        for end, jid, name, milli, c in (heapq.merge(self._ends, fresh) if fresh
-                                         else self._ends):
-            if c == cohort and jid not in preempted:
-                yield end, name, milli
+            self._ends = self.snap.ends or RunningEnds.of(self.snap.running, self.now)
+        book = self.book
+        fresh = [self.jobs[s.job_id] for s in self.d.starts]
+        for end, js in self._ends.ordered(self.now, False, gone=self.preempted, fresh=fresh):
+            name = js.job.tenant
+            if book.tenant(name).cohort == cohort:
+                yield end, name, self.req_info(js.job.request)[1]
 
     def fits_work(self, req: Request) -> bool:
         """`placeable(self.work, req)`, remembered until the next start or preemption (only
