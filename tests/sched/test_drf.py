@@ -506,8 +506,8 @@ def _without_shortcuts():
     from plinth.sched.policies import drf
 
     saved = drf._Pass.repeat_run, drf._Pass.put_off_run
-    drf._Pass.repeat_run = lambda self, q, last, scan: None
-    drf._Pass.put_off_run = lambda self, q, milli, scan: None
+    drf._Pass.repeat_run = lambda self, q, scan: None
+    drf._Pass.put_off_run = lambda self, q, t, scan: None
     try:
         yield
     finally:

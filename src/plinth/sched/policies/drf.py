@@ -64,6 +64,7 @@ from plinth.sched.state import ClusterState
 from plinth.sched.types import Decisions, JobState, Preempt, Snapshot, Start
 
 Victims = tuple[list[JobState], ClusterState, Allocation]
+Fixed = tuple[int, int, float, int]  # see `FairShare.fixed`
 
 _by_priority = victim_order(lambda js: js.job.priority)
 STARTED, WAITS, REPEAT = "started", "waits", "repeat"  # what `_Pass.admit` did with a job
@@ -97,6 +98,11 @@ class FairShare(Policy):
         self._derived: tuple[TenantQuota, ...] = ()
         self._totals_for: Cluster | None = None
         self._totals: tuple[int, int, int] = (0, 0, 0)
+        # Kept between passes, as a pass reads the same waiting jobs again and again: per
+        # waiting job, what `admit` reads of it that never changes while it waits (its spec
+        # does not), and a code per (tenant, request, priority), equal for look-alike jobs.
+        self._fixed: dict[JobState, Fixed] = {}
+        self._codes: dict[tuple[str, Request, int], int] = {}
 
     def order(self, js: JobState) -> tuple:
         # Grouped by tenant so that a pass can find each tenant's first jobs by binary search;
@@ -116,7 +122,19 @@ class FairShare(Policy):
             self._derived = derive_quotas(cluster, self._seen)
         return self._derived
 
+    def fixed(self, js: JobState) -> Fixed:
+        """(id, code, estimated run time, milli-GPUs) of a waiting job, remembered."""
+        job = js.job
+        req = job.request
+        # Pre-multiplied, to leave room for the key's other parts (see `_Pass.admit`).
+        code = self._codes.setdefault((job.tenant, req, job.priority), 32 * len(self._codes))
+        est = job.duration if job.time_limit is None else job.time_limit
+        f = self._fixed[js] = (js.id, code, est, req.gpu_milli_total)
+        return f
+
     def schedule(self, snap: Snapshot, now: float) -> Decisions:
+        if len(self._fixed) > 2 * len(snap.pending) + 4096:
+            self._fixed.clear()  # most are of jobs no longer waiting
         queues = tenant_queues(snap.pending, key=self.order)
         # The running jobs' usage, charged once per (tenant, request) with its count: a pass
         # rebuilds the book, and a big cluster runs tens of thousands of jobs of a few shapes.
@@ -151,12 +169,14 @@ class _Pass:
         self.preempted: set[int] = set()
         self.failed: dict[tuple, str] = {}  # preemption searches that failed in this pass
         self.tries_left = policy.preempt_depth
-        self.blocked: dict[tuple, tuple[int, str]] = {}  # see `admit`
+        self.blocked: dict[int, str] = {}  # see `admit`: reasons by key, at `blocked_at`
+        self.blocked_at = 0  # the number of starts and preemptions when they were given
+        self.fixed = policy._fixed.get
         self._running: dict[str, list[JobState]] | None = None
         self.reservation: tuple[int, float, frozenset[int]] | None = None  # job, from, GPUs
         self.avoid: ClusterState | None = None  # `work` with the reserved GPUs taken
         self.holds: dict[str, tuple[int, float]] = {}  # tenant -> job, time: see `hold`
-        self.jobs: dict[int, JobState] = {}  # the jobs examined, by id
+        self.jobs: dict[int, JobState] = {}  # the jobs started, by id
         self.gpu_before = {name: t.gpu for name, t in book.tenants.items()}
         self._ends: RunningEnds | None = None  # see `cohort_ends`
         # Per request object: (a token equal for equal requests, its milli-GPUs). Runs of
@@ -192,7 +212,7 @@ class _Pass:
             while q.active:
                 js = q.head
                 assert js is not None
-                milli = self.req_info(js.job.request)[1]
+                milli = (self.fixed(js) or self.policy.fixed(js))[3]
                 if not borrowing and t.gpu + milli > t.nominal:
                     # Held for the second round; if even borrowing cannot admit it now, hold
                     # the tenant's quota for it already, so that its small jobs in this
@@ -206,11 +226,9 @@ class _Pass:
                     q.put_off()
                     if self.policy.strict_fifo or len(q.later) >= scan:
                         q.active = False  # nothing behind may go first / enough read
-                    elif not (self.policy.reserve and q.name not in self.holds and not
-                              book.admits(t, milli, t.gpu, book.cohort_usage[t.cohort])):
-                        self.put_off_run(q, milli, scan)  # no hold to take: put off alike
+                    else:
+                        self.put_off_run(q, t, scan)
                     continue
-                self.jobs[js.id] = js
                 q.advance()
                 outcome = self.admit(js)
                 if outcome == STARTED:
@@ -231,7 +249,7 @@ class _Pass:
                 elif q.waits >= depth or q.seen >= scan:
                     q.active = False
                 else:
-                    self.repeat_run(q, js, scan)
+                    self.repeat_run(q, scan)
             if len(self.d.preempts) != preempts:
                 # Victims' tenants now hold less, so their place in line moved up.
                 heap = line(n for n in qs if n != q.name)
@@ -239,88 +257,96 @@ class _Pass:
             if q.active:
                 heapq.heappush(heap, (book.share(t), q.name))
 
-    def put_off_run(self, q: TenantQueue, milli: int, scan: int) -> None:
+    def put_off_run(self, q: TenantQueue, t: TenantUsage, scan: int) -> None:
         """Put off, as the first round does one at a time, the jobs right behind one just put
-        off that ask for as many GPUs: with nothing started since, each is over nominal
-        quota too, and needs no hold (the caller checked: the tenant has one, reservations
-        are off, or borrowing admits that many GPUs now)."""
-        reqs, later = self._reqs, q.later
-        while q.active:
-            req = q.head.job.request  # type: ignore[union-attr]
-            info = reqs.get(id(req))
-            if (info[1] if info is not None else self.req_info(req)[1]) != milli:
-                return
-            q.put_off()
-            if len(later) >= scan:
+        off that are over nominal quota too (nothing started since, so the tenant's usage is
+        the same), up to the first that could take the tenant's quota hold: the caller reads
+        that one, and any job within nominal quota."""
+        if not q.active:
+            return
+        book, fixed, later, it = self.book, self.fixed, q.later, q.it
+        room = t.nominal - t.gpu
+        may_hold = self.policy.reserve and q.name not in self.holds
+        admits: dict[int, bool] = {}  # by milli-GPUs: `book.admits` on the usage now
+        js = q.head
+        while True:
+            milli = (fixed(js) or self.policy.fixed(js))[3]  # type: ignore[arg-type]
+            if milli <= room:
+                break
+            if may_hold:
+                ok = admits.get(milli)
+                if ok is None:
+                    ok = admits[milli] = book.admits(t, milli, t.gpu,
+                                                     book.cohort_usage[t.cohort])
+                if not ok:
+                    break
+            later.append(js)  # type: ignore[arg-type]
+            js = next(it, None)
+            if js is None or len(later) >= scan:
                 q.active = False
+                break
+        q.head = js
 
-    def repeat_run(self, q: TenantQueue, last: JobState, scan: int) -> None:
-        """Give the jobs right behind `last` that are identical to it (an equal request, the
-        same priority, and the same standing against the reservation and the tenant's quota
-        hold) `last`'s reason, as `admit` would: each is a REPEAT of it, since nothing started
-        or was preempted since. A long run of look-alike blocked jobs costs a few attribute
-        reads per job."""
-        job0 = last.job
-        token0, prio0 = self.req_info(job0.request)[0], job0.priority
+    def repeat_run(self, q: TenantQueue, scan: int) -> None:
+        """Give each job at the head of `q` whose key (see `admit`) is that of a job blocked
+        since the last start or preemption that job's reason, as `admit` would (a REPEAT), and
+        stop at the first that needs a real check. Runs of look-alike blocked jobs are most
+        of what a pass reads: each costs a few attribute reads and a look-up."""
+        if not q.active or self.blocked_at != len(self.d.starts) + len(self.d.preempts):
+            return  # nothing left, or nothing blocked since the last change
         held, hold = self.reservation, self.holds.get(q.name)
-        if (hold is not None and hold[0] == last.id) or (held is not None and held[0] == last.id):
-            return  # its reason names its own reservation or hold: the jobs behind it differ
-        if held or hold:
-            late0, over0 = self._standing(last, held, hold)
-        why, waiting, jobs, reqs = self.d.waiting[last.id], self.d.waiting, self.jobs, self._reqs
-        while q.active:
-            js = q.head
-            job = js.job  # type: ignore[union-attr]
-            info = reqs.get(id(job.request))
-            if info is None:
-                info = self.req_info(job.request)
-            if info[0] != token0 or job.priority != prio0:
-                return
-            if held or hold:
-                if hold is not None and hold[0] == js.id:  # type: ignore[union-attr]
-                    return
-                if self._standing(js, held, hold) != (late0, over0):  # type: ignore[arg-type]
-                    return
-            jobs[js.id] = js  # type: ignore[union-attr,index]
-            q.advance()
-            waiting[js.id] = why  # type: ignore[union-attr]
-            q.seen += 1
-            if q.seen >= scan:
+        blocked, waiting, fixed, it, now = self.blocked, self.d.waiting, self.fixed, q.it, self.now
+        # The key's parts that are the same for every job read here.
+        base = (held is None) * 16 + (hold is None) * 4
+        due = held[1] if held is not None else math.inf  # the reserved GPUs
+        held_for, quota_due = (hold[0], hold[1]) if hold is not None else (None, math.inf)
+        timed = held is not None or hold is not None
+        seen, js = q.seen, q.head
+        while True:
+            jid, code, est, _ = fixed(js) or self.policy.fixed(js)  # type: ignore[arg-type]
+            if timed:
+                left = est - js.progress  # type: ignore[union-attr]
+                end = now + (left if left > 0.0 else 0.0)  # max(0.0, left), as `admit`
+                key = code + base + (end > due) * 8 + (end > quota_due) * 2 + (jid == held_for)
+            else:
+                key = code + base
+            why = blocked.get(key)
+            if why is None:
+                break
+            waiting[jid] = why
+            seen += 1
+            js = next(it, None)
+            if js is None or seen >= scan:
                 q.active = False
-
-    def _standing(self, js: JobState, held: tuple | None, hold: tuple | None
-                  ) -> tuple[bool, bool]:
-        """Whether `js` would outlive the GPU reservation and its tenant's quota hold: the
-        end-dependent parts of `admit`'s key."""
-        job = js.job
-        est = (job.duration if job.time_limit is None else job.time_limit) - js.progress
-        end = self.now + (max(0.0, est))
-        return (held is not None and end > held[1], hold is not None and end > hold[1])
+                break
+        q.head, q.seen = js, seen
 
     # -- one job -----------------------------------------------------------------------------
     def admit(self, js: JobState) -> str:
-        """STARTED, WAITS, or REPEAT: it waits for the same reason as an identical job just
-        before it (same tenant, request and priority, nothing started or preempted since),
-        found without a placement, so runs of blocked look-alike jobs cost next to nothing."""
-        job = js.job
-        held, hold = self.reservation, self.holds.get(job.tenant)
-        if held or hold:  # now + js.remaining_estimate, inlined: it runs for every job read
-            est = (job.duration if job.time_limit is None else job.time_limit) - js.progress
-            end = self.now + (max(0.0, est))
-        else:
-            end = 0.0
+        """STARTED, WAITS, or REPEAT: it waits for the same reason as an identical job before
+        it (same tenant, request and priority, the same standing against the reservation and
+        its tenant's quota hold, nothing started or preempted since), found without a
+        placement, so runs of blocked look-alike jobs cost next to nothing."""
+        held, hold = self.reservation, self.holds.get(js.job.tenant)
+        jid, code, est, _ = self.fixed(js) or self.policy.fixed(js)
+        # now + js.remaining_estimate, inlined: it runs for every job read
+        end = self.now + max(0.0, est - js.progress) if held or hold else 0.0
         late = held is not None and end > held[1]
-        key = (job.tenant, self.req_info(job.request)[0], job.priority, held is None, late,
-               hold is None, hold is not None and end > hold[1],
-               hold is not None and hold[0] == js.id)
+        # (code, held is None, late, hold is None, ends after the hold, is the hold's job)
+        key = (code + (held is None) * 16 + late * 8 + (hold is None) * 4
+               + (hold is not None and end > hold[1]) * 2 + (hold is not None and hold[0] == jid))
         version = len(self.d.starts) + len(self.d.preempts)
-        hit = self.blocked.get(key)
-        if hit is not None and hit[0] == version:
-            self.d.waiting[js.id] = hit[1]
+        if self.blocked_at != version:
+            self.blocked.clear()
+            self.blocked_at = version
+        why = self.blocked.get(key)
+        if why is not None:
+            self.d.waiting[jid] = why
             return REPEAT
         if self._admit(js, late):
             return STARTED
-        self.blocked[key] = (version, self.d.waiting[js.id])
+        if self.blocked_at == len(self.d.starts) + len(self.d.preempts):
+            self.blocked[key] = self.d.waiting[jid]
         return WAITS
 
     def _admit(self, js: JobState, late: bool) -> bool:
@@ -437,6 +463,7 @@ class _Pass:
             self.avoid = without_reserved(work, self.reservation[2])
 
     def start(self, js: JobState, t: TenantUsage, alloc: Allocation, reason: str) -> None:
+        self.jobs[js.id] = js
         self.work.allocate(alloc, js.job.request)
         if self.avoid is not None and self.reservation is not None:
             self.avoid.allocate(masked(alloc, self.reservation[2]), GPU_ONLY)
