@@ -54,7 +54,8 @@ Choices and simplifications, each for a reason:
 from __future__ import annotations
 
 import math
-from itertools import islice
+from itertools import islice, repeat
+from operator import attrgetter
 
 import numpy as np
 
@@ -71,6 +72,7 @@ from plinth.sched.types import Decisions, JobState, Preempt, Resize, Snapshot, S
 
 _X_MIN = 1e-4  # time fractions below this are solver noise, not an allocation
 _NO_ROOM = "Gavel: no GPU model it may use has room for the gang"
+_ID = attrgetter("id")
 
 
 class Gavel(Policy):
@@ -159,8 +161,8 @@ class Gavel(Policy):
 
     def _rows(self, window: list[JobState]) -> tuple[np.ndarray, list[int]]:
         """Rows of the window's jobs (added on first sight) and the indices of the new ones."""
-        get = self._book.row.get
-        rows = [get(js.id, -1) for js in window]
+        # C-level loops: the window holds up to `max_jobs` jobs in every pass.
+        rows = list(map(self._book.row.get, map(_ID, window), repeat(-1)))
         fresh = [i for i, r in enumerate(rows) if r < 0] if -1 in rows else []
         for i in fresh:
             js = window[i]
@@ -284,7 +286,7 @@ class Gavel(Policy):
             if js.id not in snap.running and (boundary or js.reason is not _NO_ROOM):
                 d.waiting[js.id] = _NO_ROOM
         jpos = gidx[usable]
-        jobs = [window[i] for i in jpos.tolist()]
+        jobs = list(map(window.__getitem__, jpos.tolist()))
         jrows = grows[usable]
 
         work: ClusterState | None = None
@@ -572,19 +574,19 @@ class Gavel(Policy):
         return self.use_min_runtime and not can_preempt(js, now, snap.config)
 
     def _describe_row(self, r: int) -> str:
+        return "Gavel: waiting for a lease; allocation " + self._alloc_text(r)
+
+    def _alloc_text(self, r: int) -> str:
+        """Row r's allocation per model, with the share of its active time it had there."""
         b = self._book
-        active = b.active[r]
-        got = b.recv[r] / active if active > 0 else np.zeros(len(self._models))
-        return "Gavel: waiting for a lease; allocation " + ", ".join(
-            f"{m} {x:.2f} (had {g:.2f})" for m, x, g in zip(self._models, b.X[r].tolist(),
-                                                            got.tolist()) if x > _X_MIN)
+        xs, active = b.X[r].tolist(), float(b.active[r])
+        got = (b.recv[r] / active).tolist() if active > 0 else [0.0] * len(xs)
+        return ", ".join(f"{m} {x:.2f} (had {g:.2f})"
+                         for m, x, g in zip(self._models, xs, got) if x > _X_MIN)
 
     def _describe(self, jid: int) -> str:
-        X, got = self.allocation(jid), self.received_share(jid)
-        if X is None:
-            return "none yet"
-        return ", ".join(f"{m} {x:.2f} (had {g:.2f})"
-                         for m, x, g in zip(self._models, X, got) if x > _X_MIN)
+        r = self._book.row.get(jid)
+        return "none yet" if r is None or not self._book.has_x[r] else self._alloc_text(r)
 
     def _why(self, js: JobState, m: int, what: str) -> str:
         return f"Gavel: {what} {self._models[m]}; allocation {self._describe(js.id)}"
