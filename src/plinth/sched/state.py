@@ -118,6 +118,15 @@ class ClusterState:
     def fits(self, alloc: Allocation, req: Request) -> bool:
         """Whether `alloc` can be allocated now. The control plane asks before it starts a job
         on GPUs that a preempted job may still be releasing."""
+        slots = alloc.slots
+        if len(slots) == 1:  # the common case, read directly: one node, distinct GPUs
+            s, n = slots[0], slots[0].node
+            if (self.node_free_cpu.item(n) < req.cpus_milli
+                    or self.node_free_mem.item(n) < req.memory_mib):
+                return False
+            fm, fmem, milli, gmem = self.gpu_free_milli, self.gpu_free_mem, s.milli, \
+                s.gpu_memory_mib
+            return all(fm.item(g) >= milli and fmem.item(g) >= gmem for g in s.gpus)
         cpu: dict[int, int] = {}
         mem: dict[int, int] = {}
         milli: dict[int, int] = {}
@@ -141,17 +150,19 @@ class ClusterState:
         self._failed.clear()
 
     def _apply(self, alloc: Allocation, req: Request, sign: int) -> None:
-        # Hot path (every start, stop and victim search): plain ints and locals, one numpy
-        # read and write per GPU, and the bucket index moved slot by slot, in slot order.
+        # Hot path (every start, stop and victim search): plain ints and locals, each array
+        # element read with `.item` and written back as a Python int (numpy scalar arithmetic
+        # costs several times more), and the bucket index moved slot by slot, in slot order.
         fm, fmem = self.gpu_free_milli, self.gpu_free_mem
+        ncpu, nmem = self.node_free_cpu, self.node_free_mem
         cpu, mem = sign * req.cpus_milli, sign * req.memory_mib
         used = 0
         for slot in alloc.slots:
             n = slot.node
             if cpu:
-                self.node_free_cpu[n] += cpu
+                ncpu[n] = ncpu.item(n) + cpu
             if mem:
-                self.node_free_mem[n] += mem
+                nmem[n] = nmem.item(n) + mem
             gpus = slot.gpus
             if not gpus:
                 continue
@@ -167,8 +178,9 @@ class ClusterState:
                     raise AssertionError(f"GPU {g} released twice by {alloc}")
                 fm[g] = new
                 if gmem:
-                    fmem[g] += gmem
-                    if fmem[g] < 0:
+                    left = fmem.item(g) + gmem
+                    fmem[g] = left
+                    if left < 0:
                         raise AssertionError(f"GPU {g} memory over-committed by {alloc}")
                 if old == MILLI:
                     whole -= 1
@@ -185,7 +197,8 @@ class ClusterState:
         per_model[old].discard(n)
         self.node_free_whole[n] = old + delta
         per_model[old + delta].add(n)
-        self.free_whole_by_model[m] += delta
+        by_model = self.free_whole_by_model
+        by_model[m] = by_model.item(m) + delta
 
     def check(self) -> None:
         """Invariants, for tests: nothing over-committed, the index matches the arrays."""
