@@ -60,8 +60,12 @@ class LocalRayCluster:
     """Head and worker node, up until `shutdown`."""
 
     def __init__(self, nodes: tuple[NodeSpec, ...] = (HEAD, WORKER)) -> None:
+        from ray._private.utils import get_ray_address_file
         from ray.cluster_utils import Cluster
 
+        # Ray records the head's address in its default temp folder whatever `temp_dir` says,
+        # and does not create that folder itself: on a fresh machine it is not there yet.
+        os.makedirs(os.path.dirname(get_ray_address_file(None)), exist_ok=True)
         # Short: Ray's socket paths under it must fit in 107 bytes.
         self.tmp = tempfile.mkdtemp(prefix="plray-", dir="/tmp")
         ports = free_ports(len(nodes) * (len(PORT_NAMES) + WORKER_PORTS) + 2)
