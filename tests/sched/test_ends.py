@@ -41,10 +41,8 @@ def from_scratch(owner, now: float, oracle: bool) -> list[tuple[float, int]]:
     """Every running job's expected end from its current progress (the formula the index
     replaces), by end then id."""
     ends = []
+    owner._account(owner.running, now)
     for js in owner.running.values():
-        run = owner.runs.get(js.id)
-        if run is not None:
-            owner._account(js, run, now)
         est = js.job.duration if oracle or js.job.time_limit is None else js.job.time_limit
         rate = js.rate if js.rate > 0 else 1.0
         ends.append((now + max(0.0, est - js.progress) / rate, js.id))

@@ -310,7 +310,7 @@ def test_expected_ends_are_the_scalar_formula():
 
 
 def test_victims_below_a_bound_come_in_victim_order():
-    from plinth.sched.preemption import PreemptionPlan, victim_order
+    from plinth.sched.preemption import PreemptionPlan, can_preempt, victim_order
 
     rng = random.Random(3)
     cl, state, policy = setup(nodes=4, gpus=8)
@@ -325,8 +325,9 @@ def test_victims_below_a_bound_come_in_victim_order():
     plan = PreemptionPlan(snap, NOW, Decisions(), depth=8,
                           importance=lambda jobs: [js.job.priority for js in jobs],
                           whom="job")
-    for bound in range(6):
+    key = victim_order(lambda js: js.job.priority)
+    for bound in range(6):  # those that may be preempted now first, then the protected ones
         want = sorted((js for js in run if js.job.priority < bound),
-                      key=victim_order(lambda js: js.job.priority))
-        assert plan._ranked_below(bound) == want
+                      key=lambda js: (not can_preempt(js, NOW, snap.config), key(js)))
+        assert plan._candidates(bound).jobs == want
     assert plan.lowest() == min(js.job.priority for js in run)

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import random
+from contextlib import contextmanager
 
 import pytest
 
 from plinth.core.errors import SpecError
 from plinth.core.resources import Cluster, Node, Request
 from plinth.core.workload import Job
+from plinth.sched.placement import placeable
 from plinth.sched.policies import make_policy
 from plinth.sched.policies.tiresias import Tiresias
 from plinth.sched.state import ClusterState
@@ -233,3 +235,76 @@ def test_a_sorted_container_queue_decides_as_a_sorted_list(seed):
     as_list = _decisions(pol.schedule(snap, NOW))
     snap.pending = SortedKeyList(snap.pending, key=pol.order)
     assert _decisions(pol.schedule(snap, NOW)) == as_list
+
+
+@contextmanager
+def _without_shortcuts():
+    """The reference pass: every starvation limit read job by job, every victim scan filtered
+    as when victims of this pass are left out, and every victim search trying placements,
+    not counting GPUs."""
+    from plinth.sched import preemption
+    from plinth.sched.policies import tiresias
+
+    saved = tiresias._next_limit, preemption._Candidates.scan, preemption._Candidates.counted_fit
+    _, scan, _ = saved
+    nobody = {-1: None}  # leaves no job out, but takes the filtering path
+    tiresias._next_limit = lambda jobs, limits, cut, started: min(
+        (t for js, t in zip(jobs, limits) if t > cut and js not in started), default=None)
+    preemption._Candidates.scan = lambda self, victims: scan(self, victims or nobody)
+    preemption._Candidates.counted_fit = lambda self, *args: None
+    try:
+        yield
+    finally:
+        tiresias._next_limit, preemption._Candidates.scan, preemption._Candidates.counted_fit = \
+            saved
+
+
+_shapes = [Request(gpus=1), Request(gpus=1, workers=2), Request(gpus=1, workers=4),
+           Request(gpus=1, workers=8), Request(gpus=2), Request(gpus=4), Request(gpu_milli=500)]
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_shortcuts_decide_as_the_filtering_path(seed):
+    """The next starvation limit found without reading the jobs again, victim scans
+    precomputed for a pass without victims yet, and victim searches for one-GPU gangs that
+    count GPUs give the same starts, preemptions, reasons and wake-up. The worlds mix queues,
+    gang shapes, GPU shares, protected, capped and non-preemptible jobs, promotions and
+    several preemptions in one pass."""
+    rng = random.Random(seed)
+    cl, st, pol = setup(nodes=3, gpus=4, thresholds=(500, 5_000), preempt_depth=rng.choice([1, 8]))
+    cap = SchedConfig().max_preemptions
+    run = []
+    for jid in range(1, rng.randint(1, 14)):
+        job = Job(jid, 0.0, 86_400.0, rng.choice(_shapes), preemptible=rng.random() < 0.85)
+        if placeable(st, job.request):
+            js = running(st, job, attained=rng.choice([0, 100, 600, 9_000]),
+                         start=NOW - rng.choice([50, 500, 5_000]),
+                         preemptions=rng.choice([0, 0, 1, 3, cap]))
+            js.progress = rng.uniform(0, 900)
+            js.checkpointed = rng.choice([0.0, js.progress / 2])
+            js.checkpoint_time = rng.choice([None, NOW - 400, NOW - 100])
+            run.append(js)
+    waiting = [pending(Job(100 + k, NOW - rng.randint(1, 90_000), 86_400.0,
+                           rng.choice(_shapes[:6])),
+                       attained=rng.choice([0, 0, 600, 6_000]),
+                       since=NOW - rng.choice([10, 2_000, 50_000, 100_000]))
+               for k in range(rng.randint(1, 20))]
+    snap = snapshot(pol, cl, st, waiting, run)
+    fast = _decisions(pol.schedule(snap, NOW))
+    with _without_shortcuts():
+        assert _decisions(pol.schedule(snap, NOW)) == fast
+
+
+def test_next_limit_leaves_out_started_jobs_and_due_limits():
+    from plinth.sched.policies.tiresias import _next_limit
+
+    rng = random.Random(5)
+    cut = NOW + 1e-3
+    for _ in range(200):
+        jobs = [pending(make_job(k, 1)) for k in range(rng.randint(1, 8))]
+        limits = [rng.choice([NOW - 5.0, NOW, NOW + 1.0, NOW + rng.uniform(0, 9e4)]) for _ in jobs]
+        started = rng.sample(jobs, rng.randint(0, len(jobs))) + [pending(make_job(99, 1))]
+        for left_out in (started, []):
+            want = min((t for js, t in zip(jobs, limits) if t > cut and js not in left_out),
+                       default=None)
+            assert _next_limit(jobs, limits, cut, left_out) == want

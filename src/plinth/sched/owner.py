@@ -38,7 +38,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from sortedcontainers import SortedKeyList
@@ -296,9 +296,9 @@ class Owner:
         requeue = why is not None and why[0] is StopReason.PREEMPT
         if requeue and js in self.pending:
             self.pending.remove(js)  # its sort key may change with the accounting below
-        run = self.runs.pop(js.id, None)
-        if run is not None:
-            self._account(js, run, now)
+        if js.id in self.runs:  # launched
+            self._touch(js, now)
+            del self.runs[js.id]
             self.held.release(js.allocation, js.job.request)  # type: ignore[arg-type]
         if js.status is State.RUNNING:  # ended on its own: free in the plan too
             self.state.release(js.allocation, js.job.request)  # type: ignore[arg-type]
@@ -341,11 +341,7 @@ class Owner:
             # (A second pass at the same instant finds them current.) Running jobs only: a
             # stopping one may sit in the pending queue, sorted by the service it had when it
             # was stopped.
-            account, runs = self._account, self.runs
-            for jid, js in self.running.items():
-                run = runs.get(jid)
-                if run is not None:  # launched
-                    account(js, run, now)
+            self._account(self.running, now)
             self._touched_at = now
         snap = Snapshot(self.cluster, self.state, self.pending, self.running, self.config,
                         self.ends)
@@ -534,26 +530,30 @@ class Owner:
         duration = js.job.duration
         return min(duration, progress)
 
-    def _account(self, js: JobState, run: _Run, now: float) -> None:
-        # Hot: every pass brings every running job up to date. `_progress_at` and
-        # `periodic_checkpoint` are written out inline here for that reason.
-        ran = now - run.t0
-        progress = run.base_progress + run.rate * ran if ran > 0 else run.base_progress
-        duration = js.job.duration
-        js.progress = progress = min(duration, progress)
-        ran = now - run.start
-        js.attained = run.base_attained + run.gpus * ran
-        js.executed = run.base_executed + ran
-        every = run.every
-        if every > 0 and progress - js.checkpointed >= every:
-            saved = math.floor(progress / every) * every
-            js.checkpointed = saved
-            js.checkpoint_time = run.t0 + (saved - run.base_progress) / run.rate
+    def _account(self, jobs: Mapping[int, JobState], now: float) -> None:
+        """Bring the launched ones of `jobs` (by id) up to date at `now`."""
+        # Hot: every pass brings every running job up to date. The loop, `_progress_at` and
+        # `periodic_checkpoint` are written out here for that reason.
+        runs, floor = self.runs, math.floor
+        for jid, js in jobs.items():
+            run = runs.get(jid)
+            if run is None:  # not launched
+                continue
+            ran = now - run.t0
+            progress = run.base_progress + run.rate * ran if ran > 0 else run.base_progress
+            duration = js.job.duration
+            js.progress = progress = progress if progress < duration else duration
+            ran = now - run.start
+            js.attained = run.base_attained + run.gpus * ran
+            js.executed = run.base_executed + ran
+            every = run.every
+            if every > 0 and progress - js.checkpointed >= every:
+                saved = floor(progress / every) * every
+                js.checkpointed = saved
+                js.checkpoint_time = run.t0 + (saved - run.base_progress) / run.rate
 
     def _touch(self, js: JobState, now: float) -> None:
-        run = self.runs.get(js.id)
-        if run is not None:
-            self._account(js, run, now)
+        self._account({js.id: js}, now)
 
     # --- restoring after a restart ------------------------------------------------------------
 

@@ -9,12 +9,14 @@ until the waiting job fits.
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import math
 from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 
-from plinth.core.resources import Allocation, Request
+from plinth.core.resources import MILLI, Allocation, Request
 from plinth.sched.placement import FreedWhole, PlacementConfig, place, placeable
 from plinth.sched.state import ClusterState
 from plinth.sched.types import Decisions, JobState, Preempt, SchedConfig, Snapshot, Start
@@ -163,7 +165,7 @@ class PreemptionPlan:
         self._failed: dict[tuple[Request, object], str] = {}
         self._running: list[JobState] | None = running
         self._levels: np.ndarray | None = None
-        self._prefixes: dict[object, _Candidates] = {}
+        self._candidates_below: dict[object, _Candidates] = {}
 
     def try_start(self, js: JobState, reason: str) -> bool:
         """Start `js` on free resources if it fits."""
@@ -187,15 +189,13 @@ class PreemptionPlan:
             return self._failed[req, below]
         if self.tries_left <= 0:
             return "preemption deferred to a later pass (per-pass limit reached)"
-        prefix = self._prefixes.get(below)
-        if prefix is None:
-            prefix = self._prefixes[below] = _Candidates(self._ranked_below(below), self.now,
-                                                         self.cfg)
-        live = prefix.live(self.victims)
-        if not live.any():
+        cands = self._candidates_below.get(below)
+        if cands is None:
+            cands = self._candidates_below[below] = self._candidates(below)
+        if not cands.any_live(self.victims):
             return f"no {self.whom} is running"
         self.tries_left -= 1
-        victims, alloc, why = self._search(req, prefix, live)
+        victims, alloc, why = self._search(req, cands)
         if alloc is None:
             self._failed[req, below] = why
             return why
@@ -229,30 +229,20 @@ class PreemptionPlan:
             self._levels = np.asarray(self.importance(self._running))
         return self._running, self._levels  # type: ignore[return-value]
 
-    def _ranked_below(self, below: float) -> list[JobState]:
-        """Running jobs of importance below `below` in victim order: least important first,
-        then least unsaved work, then the newest checkpoint (see `victim_order`). Only these
-        are sorted, so a pass that finds none pays one vectorised comparison."""
+    def _candidates(self, below: float) -> _Candidates:
+        """The running jobs of importance below `below`, as victim candidates. Only these are
+        read, so a pass that finds none pays one vectorised comparison."""
         running, levels = self._ranking()
         idx = np.flatnonzero(levels < below)
-        jobs = [running[i] for i in idx.tolist()]
-        n = len(jobs)
-        if n <= 1:
-            return jobs
-        # `_victim_key` as arrays, sorted at once (lexsort: the last key is the first).
-        unsaved = np.fromiter((js.progress - js.checkpointed for js in jobs), float, n)
-        ckpt = np.fromiter((-math.inf if js.checkpoint_time is None else js.checkpoint_time
-                            for js in jobs), float, n)
-        ids = np.fromiter((js.id for js in jobs), np.int64, n)
-        order = np.lexsort((ids, -ckpt, unsaved, levels[idx]))
-        return [jobs[i] for i in order.tolist()]
+        return _Candidates([running[i] for i in idx.tolist()], levels[idx].tolist(), self.now,
+                           self.cfg)
 
     def _start(self, js: JobState, alloc: Allocation, reason: str) -> None:
         self.work.allocate(alloc, js.job.request)
         self.started.append((js, alloc))
         self.d.starts.append(Start(js.id, alloc, reason))
 
-    def _search(self, req: Request, cands: _Candidates, live: np.ndarray
+    def _search(self, req: Request, cands: _Candidates
                 ) -> tuple[list[JobState], Allocation | None, str]:
         """One scan for victims. Release, on a scratch copy, the candidates that may be
         preempted now, in order, until `req` fits: those are the victims (pruned). If it still
@@ -262,67 +252,109 @@ class PreemptionPlan:
 
         `plinth.sched.preemption.find_victims` does the first half alone; the second half,
         which tells a waiting job when its victims become preemptible, is what this adds.
-        The candidates are arrays (`_Candidates`): the scan skips at once past those that
-        cannot yet free enough GPU share in total."""
-        cfg, now, work = self.cfg, self.now, self.work
+        The scan skips at once past the candidates that cannot yet free enough GPU share in
+        total (`_Candidates.freed`)."""
+        cfg, work = self.cfg, self.work
         nothing = f"preempting every eligible {self.whom} would not make room"
-        eligible = np.flatnonzero(live & cands.ok)
-        order = np.concatenate((eligible, np.flatnonzero(live & cands.protected)))
+        order, freed, n_eligible = cands.scan(self.victims)
         need = req.gpu_milli_total - work.free_milli
-        freed = np.cumsum(cands.milli[order])
-        if not order.size or need > freed[-1]:
+        if not order or need > freed[-1]:
             return [], None, nothing  # the common case in a busy cluster: no copy needed
-        # Until the released share reaches what is missing, no placement is tried: add
-        # those candidates at once, then one at a time.
-        first = int(np.searchsorted(freed, need)) if need > 0 else 0
-        jobs, n_eligible = cands.jobs, eligible.size
-        scratch = Released(work, req, cfg.placement)
-        released = scratch.jobs
-        order_list = order.tolist()
-        for i in order_list[:first]:
-            scratch.add(jobs[i])
-        for k in range(first, len(order_list)):
-            scratch.add(jobs[order_list[k]])
-            if not scratch.fits():
-                continue
-            if k < n_eligible:
-                victims, _, alloc = prune_victims(work, req, released, cfg.placement)
-                return victims, alloc, ""
-            until = float(cands.until[order[n_eligible:k + 1]].min())
-            self.wake = until if self.wake is None else min(self.wake, until)
-            return [], None, (f"a {self.whom} it needs is inside its guaranteed runtime "
-                              f"until t={until:.0f}s")
-        return [], None, nothing
+        k = cands.counted_fit(req, work, cfg.placement, order, freed)
+        if k is None:
+            k = _first_fit(work, req, cfg.placement, cands.jobs, order, freed, need)
+        if k == len(order):
+            return [], None, nothing
+        if k < n_eligible:
+            victims, _, alloc = prune_victims(work, req, [cands.jobs[i] for i in order[:k + 1]],
+                                              cfg.placement)
+            return victims, alloc, ""
+        until = min(cands.until[i] for i in order[n_eligible:k + 1])
+        self.wake = until if self.wake is None else min(self.wake, until)
+        return [], None, (f"a {self.whom} it needs is inside its guaranteed runtime "
+                          f"until t={until:.0f}s")
+
+
+def _first_fit(work: ClusterState, req: Request, pcfg: PlacementConfig, jobs: list[JobState],
+               order: list[int], freed: list[int], need: int) -> int:
+    """Releasing `jobs` in `order`, the position in `order` of the one after whose release
+    `req` first fits; len(order) if it never does. `freed[k]` is the GPU share the first
+    k + 1 free, `need` the share missing now."""
+    # Until the released share reaches what is missing, no placement is tried: add those
+    # candidates at once, then one at a time.
+    first = bisect.bisect_left(freed, need) if need > 0 else 0
+    scratch = Released(work, req, pcfg)
+    for i in order[:first]:
+        scratch.add(jobs[i])
+    for k in range(first, len(order)):
+        scratch.add(jobs[order[k]])
+        if scratch.fits():
+            return k
+    return len(order)
 
 
 class _Candidates:
-    """Running jobs a plan may preempt for one bound, in victim order, with what a victim
-    search reads of each as arrays, computed once per pass (`now` and the config are fixed
-    for a pass): the GPU share it holds, whether it may be preempted now (`can_preempt`),
-    whether only its guaranteed runtime protects it, and until when."""
+    """Running jobs a plan may preempt for one bound, read once per pass (`now` and the
+    config are fixed for a pass). Only jobs that may ever be preempted (preemptible, under
+    the preemption cap) are kept, in the order a search releases them: those that may be
+    preempted now (`can_preempt`) first, then those inside their guaranteed runtime, each in
+    victim order (`victim_order`); with the GPU share each holds and until when its
+    guaranteed runtime protects it. The others never make room and are only counted."""
 
-    __slots__ = ("jobs", "milli", "ok", "protected", "until")
+    __slots__ = ("freed", "jobs", "milli", "n_eligible", "order", "others", "shared", "until")
 
-    def __init__(self, jobs: list[JobState], now: float, cfg: SchedConfig) -> None:
-        n = len(jobs)
-        self.jobs = jobs
-        self.milli = np.fromiter((js.job.request.gpu_milli_total for js in jobs), np.int64, n)
-        counts = np.fromiter((js.preemptions for js in jobs), np.int64, n)
-        allowed = np.fromiter((js.job.preemptible for js in jobs), bool, n)
-        allowed &= counts < cfg.max_preemptions
-        started = np.fromiter((now if js.start_time is None else js.start_time for js in jobs),
-                              float, n)
-        # guaranteed_runtime by preemption count: a table of the scalar formula (capped jobs
-        # are never eligible, so their row does not matter).
-        cap = max(cfg.max_preemptions, 0)
-        table = np.array([guaranteed_runtime_for(k, cfg) for k in range(cap + 1)])
-        guaranteed = table[np.minimum(counts, cap)]
-        self.ok = allowed & (now - started >= guaranteed)
-        self.protected = allowed & ~self.ok
-        self.until = started + guaranteed
+    def __init__(self, jobs: list[JobState], levels: list[float], now: float,
+                 cfg: SchedConfig) -> None:
+        cap = cfg.max_preemptions
+        guaranteed = [guaranteed_runtime_for(k, cfg) for k in range(max(cap, 0))]
+        rows = []
+        for js, level in zip(jobs, levels):
+            if js.job.preemptible and js.preemptions < cap:
+                ckpt = js.checkpoint_time
+                started = now if js.start_time is None else js.start_time
+                g = guaranteed[js.preemptions]
+                # Protected last, then `_victim_key`; ids are unique, so nothing after them
+                # is compared.
+                rows.append((now - started < g, level, js.progress - js.checkpointed,
+                             math.inf if ckpt is None else -ckpt, js.id, js, started + g))
+        rows.sort()
+        self.others = len(jobs) - len(rows)
+        self.jobs = [r[5] for r in rows]
+        self.until = [r[6] for r in rows]
+        self.n_eligible = len(rows) - sum(r[0] for r in rows)
+        self.milli = [js.job.request.gpu_milli_total for js in self.jobs]
+        # The scan with no victims yet: every candidate, and the GPU share each prefix frees.
+        self.order = list(range(len(rows)))
+        self.freed = list(itertools.accumulate(self.milli))
+        # Those holding GPU shares. The others hold whole GPUs, as many as they asked for
+        # (`check_gang`, an invariant of the owner).
+        self.shared = {i for i, js in enumerate(self.jobs) if js.job.request.gpu_milli}
 
-    def live(self, victims: dict[int, JobState]) -> np.ndarray:
-        """Which candidates are not preempted yet in this pass."""
+    def counted_fit(self, req: Request, work: ClusterState, pcfg: PlacementConfig,
+                    order: list[int], freed: list[int]) -> int | None:
+        """`_first_fit` by counting, where that is exact; else None. A gang of one-GPU workers
+        that asks for nothing else fits on a cluster of one GPU model as soon as it has as
+        many whole GPUs free, wherever they are (see `FreedWhole.fits`); that count holds
+        while no job released holds a GPU share."""
+        if (req.gpus != 1 or req.gpu_models or req.preferred_gpu_model is not None
+                or len(work.cluster.models) != 1 or not FreedWhole.countable(req, pcfg)):
+            return None
+        missing = MILLI * (req.workers - int(work.free_whole_by_model[0]))
+        k = bisect.bisect_left(freed, missing) if missing > 0 else 0
+        if self.shared and not self.shared.isdisjoint(order[:k + 1]):
+            return None
+        return min(k, len(order))
+
+    def any_live(self, victims: dict[int, JobState]) -> bool:
+        """Whether some job below the bound is not preempted yet in this pass."""
+        return bool(self.others) or any(js.id not in victims for js in self.jobs)
+
+    def scan(self, victims: dict[int, JobState]) -> tuple[list[int], list[int], int]:
+        """`order`, `freed` and `n_eligible` without the jobs preempted in this pass."""
         if not victims:
-            return np.ones(len(self.jobs), bool)
-        return np.fromiter((js.id not in victims for js in self.jobs), bool, len(self.jobs))
+            return self.order, self.freed, self.n_eligible
+        jobs = self.jobs
+        order = [i for i in self.order if jobs[i].id not in victims]
+        freed = list(itertools.accumulate(self.milli[i] for i in order))
+        n_eligible = sum(1 for i in order if i < self.n_eligible)
+        return order, freed, n_eligible

@@ -38,12 +38,12 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import math
 from collections.abc import Iterator, Sequence
 
 import numpy as np
 
 from plinth.core.errors import SpecError
-from plinth.core.resources import MILLI
 from plinth.sched.policies.base import Policy
 from plinth.sched.preemption import MIN_WAKE, PreemptionPlan
 from plinth.sched.types import Decisions, JobState, Snapshot
@@ -103,26 +103,22 @@ class Tiresias(Policy):
                   len(pending)]
         promoted: dict[int, int] = {}  # job id -> the queue it is promoted from
         lifted: list[tuple[float, int, JobState]] = []  # (submit time, id, job), promoted
-        ahead_limits: list[float] = []  # starvation limits still to come, and whose
-        ahead_ids: list[int] = []
+        scanned: list[tuple[list[JobState], list[float]]] = []  # the oldest jobs, their limits
+        cut = now + MIN_WAKE  # a limit this close is due now
         if factor is not None:
             for q in range(1, len(thr) + 1):
                 lo = bounds[q]
                 jobs = pending[lo:min(lo + self.starve_scan, bounds[q + 1])]
                 if not jobs:
                     continue
-                # limit = pending_since + factor x executed, for the oldest jobs at once.
-                n = len(jobs)
-                limit = (np.fromiter((js.pending_since for js in jobs), float, n)
-                         + factor * np.fromiter((js.executed for js in jobs), float, n))
-                due = now + MIN_WAKE >= limit
-                for i in np.flatnonzero(due).tolist():
-                    js = jobs[i]
-                    promoted[js.id] = q
-                    lifted.append((js.job.submit_time, js.id, js))
-                rest = np.flatnonzero(~due).tolist()
-                ahead_limits += limit[rest].tolist()
-                ahead_ids += [jobs[i].id for i in rest]
+                limits = [js.pending_since + factor * js.executed for js in jobs]
+                scanned.append((jobs, limits))
+                if min(limits) > cut:
+                    continue  # none due: the common case
+                for js, t in zip(jobs, limits):
+                    if cut >= t:
+                        promoted[js.id] = q
+                        lifted.append((js.job.submit_time, js.id, js))
         lifted.sort(key=lambda e: e[:2])
         entries = self._entries(pending, bounds, lifted, promoted)
 
@@ -198,18 +194,18 @@ class Tiresias(Policy):
             if plain and len(d.preempts) == preempts_seen:
                 floors[req.gpus] = (req.workers, d.waiting[js.id])
 
-        started = {s.job_id for s in d.starts}
-        if started & set(ahead_ids):
-            next_promotion = min((t for t, i in zip(ahead_limits, ahead_ids)
-                                  if i not in started), default=None)
-        else:
-            next_promotion = min(ahead_limits, default=None)
-        d.wake_at = plan.wake_at(self._next_demotion(plan, running, run_q, attained,
-                                                     waiting_q), next_promotion)
+        # The next limit to come is of a job that still waits. Of the jobs started, only
+        # those of a lower queue that were not promoted can be among those still to come.
+        started = [js for js, _ in plan.started
+                   if js.id not in promoted and self.queue_of(js.attained)]
+        ahead = [_next_limit(jobs, limits, cut, started) for jobs, limits in scanned]
+        next_promotion = min((t for t in ahead if t is not None), default=None)
+        d.wake_at = plan.wake_at(self._next_demotion(plan, running, run_q, waiting_q),
+                                 next_promotion)
         return d
 
     def _next_demotion(self, plan: PreemptionPlan, running: list[JobState], run_q: np.ndarray,
-                       attained: np.ndarray, waiting_q: dict[int, int]) -> float | None:
+                       waiting_q: dict[int, int]) -> float | None:
         """When the next running (or just started) job crosses its queue's threshold. Only
         demotions that can make a job a victim matter: below some waiting job's queue, of a
         job that may be preempted at all."""
@@ -217,21 +213,19 @@ class Tiresias(Policy):
             return None
         best_waiting = min(waiting_q.values())
         last, cap, now = len(self.thresholds), plan.cfg.max_preemptions, plan.now
-        # Running jobs, vectorised; the few attributes are read only for jobs in a queue
-        # that matters.
-        idx = np.flatnonzero((run_q < last) & (run_q >= best_waiting))
-        jobs = [running[i] for i in idx.tolist()]
-        n = len(jobs)
-        keep = np.fromiter((js.job.preemptible and js.preemptions < cap for js in jobs), bool, n)
-        if plan.victims:
-            keep &= np.fromiter((js.id not in plan.victims for js in jobs), bool, n)
-        milli = np.fromiter((js.job.request.gpu_milli_total for js in jobs), np.int64, n)
-        keep &= milli > 0
-        best: float | None = None
-        if keep.any():
-            att = attained[idx][keep]
-            thr = self._thr[run_q[idx][keep]]
-            best = float((now + (thr - att) / (milli[keep] / MILLI)).min())
+        thr, victims = self.thresholds, plan.victims
+        # The least time to a threshold; `now` is added to it alone, which gives the least of
+        # `now` + each time (rounding is monotonic).
+        soonest = math.inf
+        for js, q in zip(running, run_q.tolist()):
+            if best_waiting <= q < last and js.job.preemptible and js.preemptions < cap \
+                    and js.id not in victims:
+                gpus = js.job.request.num_gpus
+                if gpus > 0:
+                    t = (thr[q] - js.attained) / gpus
+                    if t < soonest:
+                        soonest = t
+        best = now + soonest if soonest < math.inf else None
         for js, _ in plan.started:  # a handful: the scalar formula
             q = self.queue_of(js.attained)
             if q >= last or best_waiting > q or not js.job.preemptible or js.preemptions >= cap:
@@ -268,6 +262,17 @@ class Tiresias(Policy):
         if getattr(pending, "key", None) == self.order:  # a SortedKeyList by our order:
             return pending.bisect_key_left((q,))  # type: ignore[attr-defined]  # no key calls
         return bisect.bisect_left(pending, (q,), key=self.order)
+
+
+def _next_limit(jobs: list[JobState], limits: list[float], cut: float,
+                started: list[JobState]) -> float | None:
+    """The earliest of the jobs' starvation `limits` after `cut`, of those not `started`."""
+    if started:
+        limits = limits.copy()
+        for js in started:
+            if js in jobs:  # by identity: a scan that reads no job
+                limits[jobs.index(js)] = -math.inf  # never after `cut`
+    return min(filter(cut.__lt__, limits), default=None)
 
 
 def _walk(pending: Sequence[JobState], lo: int, hi: int) -> Iterator[JobState]:
