@@ -9,6 +9,13 @@ accumulator on the path `Server` uses (`add_many` per arriving update, then `mea
 Updates are cycled from a pool of distinct arrays (--pool-mb, past the last-level cache). Time is
 the median of --repeat warm rounds.
 
+Part 1b (--only grpc), the same through the real gRPC transport on loopback: --clients gRPC
+clients in one other process push the N updates (encoded FitRes, 1 MiB chunks) and the server
+side folds each as `Server` does (decode, `add_many` per completed batch, `mean()`). With the
+tree, each upload is received straight into a shared-memory slot (`landing`) and a leaf folds it
+there; flat, into a plain buffer that the server folds. Time: from handing out the N tasks to the
+mean, the median of --repeat warm rounds (the upload is in it, as in a server's round).
+
 Part 2, resources per round with client counts varying 10x across rounds (--counts): the
 elastic tree (`leaves: auto`, at most --max-leaves, sized each round by `size_tree` with
 --deadline) against an always-on tree of --max-leaves leaves. CPU-seconds: this process plus
@@ -20,17 +27,20 @@ BLAS is pinned to one thread (threadpoolctl) here and in every leaf: the fold is
 kernel, and a BLAS pool would only fight it for the cores.
 
     .venv/bin/python bench/fl_tree.py [--params 1e6,1e7] [--updates 100,1000] [--json out.json]
+    .venv/bin/python bench/fl_tree.py --only grpc --params 1e6,1e7 --updates 100 --leaves 1,2
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing as mp
 import os
 import resource
 import statistics
 import threading
 import time
+from concurrent.futures import FIRST_COMPLETED, wait
 from multiprocessing import shared_memory
 
 import psutil
@@ -38,8 +48,11 @@ from fl_hierarchy import make_pool  # bench/ is on sys.path when run as a script
 from rich.console import Console
 from threadpoolctl import threadpool_limits
 
+from plinth.fl import serde
 from plinth.fl.aggregate.engine import StreamingAggregator
 from plinth.fl.aggregate.tree import TreeAggregation
+from plinth.fl.messages import FitRes
+from plinth.fl.transport.grpc import GrpcClient, GrpcTransport
 
 
 def one_round(acc, pool, n) -> float:
@@ -69,6 +82,89 @@ def time_tree(ta: TreeAggregation, leaves, pool, n, repeat) -> tuple[float, int]
         times.append(one_round(acc, pool, n))
         acc.close()
     return statistics.median(times[1:]), used
+
+
+def _push_clients(addr: str, clients: int, params: int, pool_mb: float) -> None:
+    """The gRPC clients (in their own process): task k is answered with update k of the pool,
+    encoded once, weighted 1 + k % 7."""
+    pool = make_pool(params, pool_mb)
+    replies = [serde.encode(FitRes(1, arrays, 1 + k % 7, {})) for k, arrays in enumerate(pool)]
+
+    def handle(payload: bytes) -> bytearray:
+        return replies[int(payload) % len(replies)]
+
+    threads = [threading.Thread(target=GrpcClient(addr, client_id=f"b{i}").serve, args=(handle,))
+               for i in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
+def grpc_round(transport: GrpcTransport, acc, cids: list[str], n: int) -> float:
+    """One round as `Server.fit_round` runs it over the transport: the N replies folded as
+    they complete (decode, `add_many`), then `mean()`."""
+    t = time.perf_counter()
+    # a tree receives into its slots (getattr: so that this bench runs on an older checkout)
+    transport.landing = getattr(acc, "landing", None)
+    pending = {transport.submit(cids[k % len(cids)], str(k).encode()) for k in range(n)}
+    while pending:
+        done, pending = wait(pending, return_when=FIRST_COMPLETED)
+        items = []
+        for f in done:
+            res = serde.decode(f.result(), expect=FitRes)
+            items.append((res.update, float(res.num_examples)))
+        del done, f, res  # the replies go once folded: the transport bounds the ones held
+        assert not acc.add_many(items)
+        del items
+    assert acc.mean() is not None and acc.count == n
+    transport.landing = None
+    return time.perf_counter() - t
+
+
+def time_grpc(params: int, updates: list[int], leaves: list[str], *, clients: int,
+              pool_mb: float, repeat: int, console: Console) -> list[dict]:
+    pool = make_pool(params, pool_mb)
+    transport = GrpcTransport("127.0.0.1:0")
+    proc = mp.get_context("spawn").Process(
+        target=_push_clients, args=(f"127.0.0.1:{transport.port}", clients, params, pool_mb))
+    proc.start()
+    ta = TreeAggregation(pool[0], leaves=1, max_leaves=8, fold_deadline=0.5)
+    out = []
+    try:
+        if not transport.wait_for(clients, 120):
+            raise RuntimeError("the gRPC clients did not join")
+        cids = sorted(c.cid for c in transport.clients())
+        for n in updates:
+            rep = repeat if n * params <= 1e9 else 1
+            times = []
+            for _ in range(rep + 1):
+                acc = StreamingAggregator(pool[0])
+                times.append(grpc_round(transport, acc, cids, n))
+                acc.close()
+            flat = statistics.median(times[1:])
+            out.append({"params": params, "updates": n, "mode": "grpc flat", "leaves": 0,
+                        "seconds": flat})
+            console.print(f"{params:>10,} x {n:>5}  grpc flat       {flat:8.3f} s")
+            for lv in leaves:
+                ta.fixed = None if lv == "auto" else int(lv)
+                times = []
+                for _ in range(rep + 1):
+                    acc = ta.begin(pool[0], n)
+                    ta.tree.wait_ready(120)
+                    used = ta.tree.leaves
+                    times.append(grpc_round(transport, acc, cids, n))
+                    acc.close()
+                sec = statistics.median(times[1:])
+                out.append({"params": params, "updates": n, "mode": f"grpc tree {lv}",
+                            "leaves": used, "seconds": sec})
+                console.print(f"{params:>10,} x {n:>5}  grpc tree {lv:>4} ({used} leaves) "
+                              f"{sec:8.3f} s  {flat / sec:5.2f}x flat")
+    finally:
+        ta.close()
+        transport.close()
+        proc.join(30)
+    return out
 
 
 def _rss_anon(pid: int) -> int:
@@ -175,15 +271,22 @@ def main() -> None:
     ap.add_argument("--elastic-params", type=float, default=1e6)
     ap.add_argument("--max-leaves", type=int, default=4)
     ap.add_argument("--deadline", type=float, default=0.05)
-    ap.add_argument("--only", choices=("time", "elastic"), default=None)
+    ap.add_argument("--clients", type=int, default=4, help="gRPC clients (--only grpc)")
+    ap.add_argument("--only", choices=("time", "elastic", "grpc"), default=None)
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     console = Console(highlight=False)
     load0 = os.getloadavg()
     skip = {tuple(float(v) for v in c.split("x")) for c in args.skip.split(",") if c}
     res: dict = {"cpus": os.cpu_count(), "load_before": load0, "time": [], "elastic": {}}
+    params = [int(float(x)) for x in args.params.split(",")]
     with threadpool_limits(limits=1):
-        for p in [] if args.only == "elastic" else [int(float(x)) for x in args.params.split(",")]:
+        for p in params if args.only == "grpc" else []:
+            res["time"] += time_grpc(p, [int(x) for x in args.updates.split(",")
+                                         if (float(p), float(x)) not in skip],
+                                     args.leaves.split(","), clients=args.clients,
+                                     pool_mb=args.pool_mb, repeat=args.repeat, console=console)
+        for p in params if args.only in (None, "time") else []:
             pool = make_pool(p, args.pool_mb)
             ta = TreeAggregation(pool[0], leaves=1, max_leaves=8, fold_deadline=0.5)
             try:
@@ -205,14 +308,16 @@ def main() -> None:
                 ta.close()
         pool = make_pool(int(args.elastic_params), args.pool_mb)
         counts = [int(x) for x in args.counts.split(",")]
-        for name, auto in () if args.only == "time" else (("elastic", True), ("always-on", False)):
+        for name, auto in (("elastic", True), ("always-on", False)) if args.only in (
+                None, "elastic") else ():
             res["elastic"][name] = elastic_rounds(pool, counts, auto=auto,
                                                   max_leaves=args.max_leaves,
                                                   deadline=args.deadline)
     res["load_after"] = os.getloadavg()
     lines = ["| params | updates | aggregation | leaves | s / round | vs flat |",
              "|---:|---:|---|---:|---:|---:|"]
-    flat = {(r["params"], r["updates"]): r["seconds"] for r in res["time"] if r["mode"] == "flat"}
+    flat = {(r["params"], r["updates"]): r["seconds"] for r in res["time"]
+            if r["mode"] in ("flat", "grpc flat")}
     for r in res["time"]:
         f = flat[(r["params"], r["updates"])]
         lines.append(f"| {r['params']:,} | {r['updates']} | {r['mode']} | {r['leaves']} | "

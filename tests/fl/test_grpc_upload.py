@@ -1,5 +1,7 @@
-"""The gRPC data plane under attack and under load: a client that sends half its upload and
-drops leaves nothing folded, and the transport holds a bounded number of whole replies."""
+"""The gRPC data plane under attack and under load, with the flat engine and with the aggregator
+tree (whose slots the uploads land in): a client that sends half its upload and drops leaves
+nothing folded and its slot back in the pool, the transport holds a bounded number of whole
+replies, and the tree's model is the flat engine's."""
 
 import contextlib
 import gc
@@ -8,6 +10,7 @@ import threading
 
 import grpc
 import numpy as np
+import pytest
 
 from plinth.fl import serde
 from plinth.fl.app import ServerSpec
@@ -60,21 +63,44 @@ def _half_then_drop(addr, cid, sent):
     c.channel.close()
 
 
-def _serve(addr, cid):
-    GrpcClient(addr, client_id=cid, properties={"num_examples": 5}, chunk_size=1024).serve(
-        ClientRunner(Plus()).handle)
+class Rand:
+    """A client whose delta is random (its own seed) and whose weight is its own."""
+
+    def __init__(self, seed):
+        self.rng, self.n = np.random.default_rng(seed), 3 + seed
+
+    def fit(self, params, config):
+        return [p + self.rng.standard_normal(p.shape).astype(p.dtype) for p in params], \
+            self.n, {}
+
+    def evaluate(self, params, config):
+        return 0.0, self.n, {}
 
 
-def _server(transport, n):
+def _serve(addr, cid, client=None):
+    n = client.n if client is not None else 5
+    GrpcClient(addr, client_id=cid, properties={"num_examples": n}, chunk_size=1024).serve(
+        ClientRunner(client or Plus()).handle)
+
+
+def _server(transport, n, mode="stream"):
+    aggregation = {"mode": "tree", "leaves": 2} if mode == "tree" else {}
     cfg = ServerSpec(rounds=1, fraction=1.0, min_clients=n, min_available=n,
-                     straggler_timeout=60.0, wait_timeout=60.0)
+                     straggler_timeout=60.0, wait_timeout=60.0, aggregation=aggregation)
     s = Server(make_strategy("fedavg"), transport, cfg, seed=0,
                evaluate=lambda p: (0.0, {"accuracy": 0.5}))
     s.initialize(X0)
     return s
 
 
-def test_a_client_that_drops_mid_upload_leaves_no_partial_update_folded():
+def _pool_is_whole(server):
+    """The tree's slots are all free again, and none is still held by a landed upload."""
+    tree = server.strategy.tree.tree
+    return sorted(tree._free) == list(range(len(tree._slots))) and not tree._landed
+
+
+@pytest.mark.parametrize("mode", ["stream", "tree"])
+def test_a_client_that_drops_mid_upload_leaves_no_partial_update_folded(mode):
     transport = GrpcTransport("127.0.0.1:0", chunk_size=1024)
     addr = f"127.0.0.1:{transport.port}"
     sent = threading.Event()
@@ -84,11 +110,17 @@ def test_a_client_that_drops_mid_upload_leaves_no_partial_update_folded():
                                     daemon=True))
     for t in threads:
         t.start()
-    server = _server(transport, 4)
+    server = _server(transport, 4, mode)
     try:
         rec = server.fit_round(1)
+        if mode == "tree":  # every upload, the broken one too, was received into a slot
+            tree = server.strategy.tree.tree
+            assert tree.landings == 4 and tree.copied == 0
+            gc.collect()
+            assert _pool_is_whole(server)
     finally:
         transport.close()
+        server.strategy.close()
     assert sent.is_set()
     assert rec.updates == 3 and [f["cid"] for f in rec.failures] == ["mallory"]
     why = rec.failures[0]["reason"]
@@ -99,19 +131,51 @@ def test_a_client_that_drops_mid_upload_leaves_no_partial_update_folded():
     assert transport.bodies == 0
 
 
-def test_the_transport_holds_at_most_max_bodies_whole_replies():
+@pytest.mark.parametrize("mode", ["stream", "tree"])
+def test_the_transport_holds_at_most_max_bodies_whole_replies(mode):
     """Eight clients upload at once into a transport with room for two: every update
-    arrives and is folded, and no more than two replies were ever held whole."""
+    arrives and is folded, and no more than two replies were ever held whole (in the tree's
+    slots, which are six: none waits for a slot)."""
     transport = GrpcTransport("127.0.0.1:0", chunk_size=1024, max_bodies=2)
     addr = f"127.0.0.1:{transport.port}"
     for i in range(8):
         threading.Thread(target=_serve, args=(addr, f"c{i}"), daemon=True).start()
-    server = _server(transport, 8)
+    server = _server(transport, 8, mode)
     try:
         recs = [server.fit_round(r) for r in (1, 2)]
+        if mode == "tree":
+            assert server.strategy.tree.tree.landings == 16
+            gc.collect()
+            assert _pool_is_whole(server)
     finally:
         transport.close()
+        server.strategy.close()
     assert [r.updates for r in recs] == [8, 8] and all(not r.failures for r in recs)
     assert 1 <= transport.peak_bodies <= 2
     for p in server.strategy.parameters:
         np.testing.assert_array_equal(p, np.full_like(p, 2))
+
+
+def test_uploads_landed_in_the_tree_give_the_flat_engines_model():
+    """The same seeded clients over real gRPC, folded by the flat engine and by the tree from
+    the slots they were received into: the same model after two rounds, and no update copied.
+    """
+    models = {}
+    for mode in ("stream", "tree"):
+        transport = GrpcTransport("127.0.0.1:0", chunk_size=1024, max_bodies=3)
+        addr = f"127.0.0.1:{transport.port}"
+        for i in range(6):
+            threading.Thread(target=_serve, args=(addr, f"c{i}", Rand(i)), daemon=True).start()
+        server = _server(transport, 6, mode)
+        try:
+            recs = [server.fit_round(r) for r in (1, 2)]
+            if mode == "tree":
+                tree = server.strategy.tree.tree
+                assert tree.landings == 12 and tree.copied == 0
+        finally:
+            transport.close()
+            server.strategy.close()
+        assert [r.updates for r in recs] == [6, 6] and all(not r.failures for r in recs)
+        models[mode] = server.strategy.parameters
+    for t, f in zip(models["tree"], models["stream"]):
+        np.testing.assert_allclose(t, f, rtol=1e-5, atol=1e-6)

@@ -1,4 +1,6 @@
+import gc
 import os
+import threading
 
 import numpy as np
 
@@ -41,3 +43,37 @@ def test_tree_equals_flat_mean_rejects_bad_updates_and_frees_memory():
     assert again.count == 1
     np.testing.assert_allclose(again.mean()[0], ups[1][0][0], rtol=1e-6)
     assert not [n for n in held if _exists(n)]
+
+
+def test_landed_updates_fold_in_place_and_a_dropped_landing_frees_its_slot():
+    """Uploads land in slots (at most all but one: a copy always finds a slot), a landed
+    update is folded from its slot without a copy, and a landed buffer dropped unfolded (a
+    broken or refused upload) puts its slot back."""
+    rng = np.random.default_rng(1)
+    template = [np.zeros((50, 20), np.float32), np.zeros(9, np.float32)]
+    u0, u1 = ([rng.standard_normal(t.shape).astype(np.float32) for t in template]
+              for _ in range(2))
+    enc = serde.encode(FitRes(1, u0, 4))
+    tree = Hierarchy(template, leaves=1, slots=3)
+    try:
+        first, spare = tree.land(len(enc)), tree.land(len(enc))
+        third = []
+        waiting = threading.Thread(target=lambda: third.append(tree.land(len(enc))))
+        waiting.start()
+        waiting.join(0.5)
+        assert waiting.is_alive()  # the last slot is kept for a copy ...
+        tree.submit_arrays(u1, 2.0, tag="copied")  # ... which is not held up
+        serde.join_into(serde.chunks(enc, 1000), first)
+        tree.submit_arrays(serde.decode(first, expect=FitRes).update, 4.0, tag="landed")
+        waiting.join(30)  # the landed one went to a leaf: another upload may land
+        assert third and third[0] is not None
+        del first, spare, third
+        gc.collect()
+        got = tree.finish(timeout=60)
+        assert sorted(tree._free) == [0, 1, 2] and not tree._landed
+        assert (tree.landings, tree.copied) == (3, 1)
+    finally:
+        tree.close()
+    assert got.count == 2 and not got.rejected
+    for g, r in zip(got.mean(), weighted_mean([(u0, 4.0), (u1, 2.0)])):
+        np.testing.assert_allclose(g, r, rtol=1e-5, atol=1e-6)

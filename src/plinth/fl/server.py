@@ -251,6 +251,7 @@ class Server:
             acc = guard.begin(r, self.strategy, chosen, self.cfg.aggregation)
         self._publish_tree(chosen)
         payload = serde.encode(FitIns(r, self.strategy.parameters, self.strategy.fit_config(r)))
+        self.transport.landing = acc.landing  # replies land where the accumulator folds
         futures = {self.transport.submit(cid, payload): cid for cid in chosen}
         failures: list[Failure] = []
         up = 0
@@ -265,6 +266,7 @@ class Server:
             done = set()  # the folded replies go now: the transport bounds the ones held
             up += self._fold_batch(batch, acc, r, failures)
             del batch
+        self.transport.landing = None  # a late reply lands in a buffer of its own
         for f in pending:
             f.cancel()
             failures.append(Failure(futures[f], r, "timeout",

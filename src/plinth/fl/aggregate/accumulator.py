@@ -102,6 +102,12 @@ class Accumulator(Protocol):
         if rejected:
             raise UpdateRejected(rejected[0][1])
 
+    def landing(self, size: int) -> Any:
+        """Where the transport may receive an update of `size` bytes: a writable buffer the
+        accumulator folds from without copying (the tree's shared memory), or None (the
+        transport's own buffer, the default)."""
+        return None
+
     def name_updates(self, names: Sequence[str]) -> None:
         """Names for the next updates, for rejections reported late (none by default)."""
 

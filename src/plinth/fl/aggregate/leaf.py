@@ -1,10 +1,10 @@
 """One leaf aggregator of the LIFL tree: the process side, and how an external leaf joins.
 
 A leaf folds the updates its owner (`hierarchy.Hierarchy`, the node's middle aggregator) lands
-in shared memory: it receives a small `Ref` per update, maps the slot, folds zero-copy views
-with the streaming engine and hands the slot back. On "finish" it writes its partial sum into
-its own block and reports it with the bytes it folded and its busy seconds (the throughput the
-tree is sized by).
+in shared memory: it receives a small `Ref` per update (the slot and where each array starts in
+it), maps the slot, folds zero-copy views with the streaming engine and hands the slot back. On
+"finish" it writes its partial sum into its own block and reports it with the bytes it folded
+and its busy seconds (the throughput the tree is sized by).
 
 A leaf is either spawned by its owner, or started by the runtime as a unit of the task and
 joined to the owner (`join`): it dials the owner's aggregator address (loopback or a UNIX
@@ -47,7 +47,9 @@ class Ref:
     count: int = 1
     tag: str = ""
     slot: int = -1  # a reusable slot of the tree's pool, or -1 for a one-off block
-    raw: bool = False  # arrays back to back in the template's layout, not an encoded FitRes
+    # where each of the template's arrays starts in the block (the owner checked them there);
+    # empty: the block holds an encoded FitRes, decoded and checked here
+    offsets: tuple[int, ...] = ()
 
 
 
@@ -76,8 +78,9 @@ def _fold_block(agg: Any, buf: memoryview, ref: Ref, lay: Layout) -> str | None:
     from plinth.fl.aggregate.engine import UpdateRejected
 
     try:
-        if ref.raw:
-            agg.add(views(buf, lay), ref.weight)
+        if ref.offsets:
+            at = [(off, shape, dt) for off, (_, shape, dt) in zip(ref.offsets, lay)]
+            agg.add(views(buf, at), ref.weight)
         else:
             agg.add(serde.decode(buf[: ref.size], expect=FitRes).update, ref.weight)
     except (UpdateRejected, serde.SerdeError) as e:

@@ -7,11 +7,14 @@ measured in earlier rounds), scales the active leaves to it, publishes the shape
 the server writes it as ``tree.json`` in its checkpoint folder) and hands out a
 `TreeAccumulator`, which satisfies the `Accumulator` protocol.
 
-`add_many` runs the common boundary check (`vet`), copies each good update into a shared-memory
-slot and moves on: the leaves fold while the server keeps receiving. NaN/Inf are found by the
-leaves, so those rejections, and the updates lost with a leaf that died, are known only when the
-round ends: `settle()` returns them as ``(client, reason)``, named by `name_updates`. `count`,
-`sums` and `mean` settle first, so they always describe the updates actually folded.
+The network transport receives each update straight into a shared-memory slot of the tree
+(`landing`); `add_many` runs the common boundary check (`vet`) on the decoded views and hands each
+good update's slot to a leaf without copying it (an update that arrived otherwise, e.g. a
+decompressed one, is copied into a slot once), and moves on: the leaves fold while the server
+keeps receiving. NaN/Inf are found by the leaves, so those rejections, and the updates lost with
+a leaf that died, are known only when the round ends: `settle()` returns them as ``(client,
+reason)``, named by `name_updates`. `count`, `sums` and `mean` settle first, so they always
+describe the updates actually folded.
 
 What the tree cannot take is refused at start-up in one line by `tree_problem`.
 """
@@ -80,6 +83,10 @@ class TreeAccumulator(Accumulator):
         self._taken = False  # mean() was taken
         self.metrics: dict[str, float] = {"leaves": float(self.tree.leaves)}
         self._replaced = self.tree.replaced
+
+    def landing(self, size: int) -> Any:
+        """A free slot of the tree's pool to receive an update of `size` bytes into."""
+        return self.tree.land(size)
 
     def name_updates(self, names: Sequence[str]) -> None:
         """Names for the next updates passed to `add_many`, in order (for late rejections)."""

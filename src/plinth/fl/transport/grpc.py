@@ -11,10 +11,13 @@ never becomes one huge gRPC message. Clients dial out to the server (so they may
 - ``Consent`` (unary)        a client grants, revokes or lists its own consent; the id is the
                              one its token proves, never one it claims (needs tokens).
 
-At most `max_bodies` pushed replies are held whole at once (being received, or received and
-not yet dropped by the server once folded): a push past that waits, and gRPC's flow control
-holds its client back. A push that breaks off mid-stream resolves its task as lost at once, and
-nothing of it reaches the server.
+A pushed reply's chunks are written straight into one buffer of the announced size: the buffer
+`landing(total)` gives when the server set it (the aggregator tree's shared-memory slot, which a
+leaf folds in place), else a plain one. At most `max_bodies` pushed replies are held whole at
+once (being received, or received and not yet dropped by the server once folded): a push past
+that waits, and gRPC's flow control holds its client back. A push that breaks off mid-stream
+resolves its task as lost at once, and nothing of it reaches the server: its buffer (a landing
+slot too) is freed there and then.
 
 TLS uses the server's certificate and key; clients pin a CA. Per-client tokens come from a file of
 ``client_id token`` lines; a client proves its id with ``authorization: Bearer <token>``.
@@ -29,6 +32,7 @@ import logging
 import queue
 import threading
 import time
+import traceback
 import weakref
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -167,6 +171,9 @@ class GrpcTransport:
         self._told: set[str] = set()
         self._room = threading.BoundedSemaphore(max(1, max_bodies))
         self.body_wait = body_wait
+        # where a reply of `total` bytes is received, set by the server for a round (see
+        # `Accumulator.landing`); None, or None from it: a plain buffer
+        self.landing: Callable[[int], Any] | None = None
         self.bodies = 0  # whole replies held now ...
         self.peak_bodies = 0  # ... and at most, so far
         self._server = grpc.server(ThreadPoolExecutor(workers),
@@ -293,21 +300,33 @@ class GrpcTransport:
         self._held(+1)
         body = None
         try:
-            body = _Body(total)
+            body = self._buffer(total)
             serde.join_into(frames, body)
         except Exception as e:  # a corrupt or broken-off stream (any error): a lost task
-            body = None  # the partial upload is dropped here, never handed to the server
-            self._held(-1)
-            self._room.release()
+            # the partial upload is dropped here, never handed to the server; the finished
+            # frames' views of it go first, so that its room (and slot) are free at once
+            traceback.clear_frames(e.__traceback__)
+            if body is None:
+                self._freed()
+            body = None
             why = str(e) if isinstance(e, serde.SerdeError) else \
                 f"upload broke off ({type(e).__name__})"
             self._resolve(task_id, error=why)
             if isinstance(e, serde.SerdeError):
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, why)
             raise
-        weakref.finalize(body, self._freed)
         self._resolve(task_id, body=body)
         return b"{}"
+
+    def _buffer(self, total: int) -> Any:
+        """The buffer a reply is received into; its room is freed when it (every view of
+        it) dies."""
+        land = self.landing
+        body = land(total) if land is not None else None
+        if body is None:
+            body = _Body(total)
+        weakref.finalize(body, self._freed)
+        return body
 
     def _held(self, n: int) -> None:
         with self._lock:
@@ -318,7 +337,7 @@ class GrpcTransport:
         self._held(-1)
         self._room.release()
 
-    def _resolve(self, task_id: int, *, body: bytearray | None = None, error: str = "") -> None:
+    def _resolve(self, task_id: int, *, body: Any = None, error: str = "") -> None:
         with self._lock:
             got = self._pending.pop(task_id, None)
         if got is None or got[1].done():

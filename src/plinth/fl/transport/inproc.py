@@ -22,6 +22,8 @@ from plinth.fl.messages import ClientInfo
 class ThreadTransport:
     """Real `ClientRunner`s called from threads; the bytes are copied as a socket would."""
 
+    landing: Any = None  # replies come back whole, never landed
+
     def __init__(self, runners: dict[str, ClientRunner],
                  properties: dict[str, dict[str, Any]] | None = None, threads: int = 4) -> None:
         self.runners = runners
@@ -66,6 +68,8 @@ class PoolTransport:
     By default any idle worker takes the next task. `sticky` gives each worker process its own
     single-process pool and sends client id c to pool c mod workers, always the same process.
     """
+
+    landing: Any = None  # replies come back whole, never landed
 
     def __init__(self, app_path: str, overrides: dict[str, Any], num_clients: int,
                  sizes: list[int], *, workers: int | None = None,

@@ -77,6 +77,8 @@ class RayTransport:
     (default: as many as the cluster's CPUs and GPUs hold, at most one per client).
     Ray must be connected (`ray_session`)."""
 
+    landing: Any = None  # replies come back whole, never landed
+
     def __init__(self, app_path: str, overrides: dict[str, Any], num_clients: int,
                  sizes: list[int], *, actors: int | None = None, client_cpus: float = 1.0,
                  client_gpus: float = 0.0, state_dir: str | None = None,
