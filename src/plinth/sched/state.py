@@ -127,20 +127,26 @@ class ClusterState:
             fm, fmem, milli, gmem = self.gpu_free_milli, self.gpu_free_mem, s.milli, \
                 s.gpu_memory_mib
             return all(fm.item(g) >= milli and fmem.item(g) >= gmem for g in s.gpus)
-        cpu: dict[int, int] = {}
-        mem: dict[int, int] = {}
+        # Several slots: workers per node, and what each GPU is asked for in all (the slots
+        # of a gang of fractions may share a GPU). Free GPU memory is never negative, so GPUs
+        # asked for no memory need no memory check.
+        workers: dict[int, int] = {}
         milli: dict[int, int] = {}
         gmem: dict[int, int] = {}
-        for slot in alloc.slots:
-            cpu[slot.node] = cpu.get(slot.node, 0) + req.cpus_milli
-            mem[slot.node] = mem.get(slot.node, 0) + req.memory_mib
+        for slot in slots:
+            n = slot.node
+            workers[n] = workers.get(n, 0) + 1
+            sm, sg = slot.milli, slot.gpu_memory_mib
             for g in slot.gpus:
-                milli[g] = milli.get(g, 0) + slot.milli
-                gmem[g] = gmem.get(g, 0) + slot.gpu_memory_mib
-        return (all(self.node_free_cpu[n] >= v for n, v in cpu.items())
-                and all(self.node_free_mem[n] >= v for n, v in mem.items())
-                and all(self.gpu_free_milli[g] >= v for g, v in milli.items())
-                and all(self.gpu_free_mem[g] >= v for g, v in gmem.items()))
+                milli[g] = milli.get(g, 0) + sm
+                if sg:
+                    gmem[g] = gmem.get(g, 0) + sg
+        c, m = req.cpus_milli, req.memory_mib
+        ncpu, nmem, fm, fmem = (self.node_free_cpu, self.node_free_mem, self.gpu_free_milli,
+                                self.gpu_free_mem)
+        return (all(ncpu.item(n) >= k * c and nmem.item(n) >= k * m for n, k in workers.items())
+                and all(fm.item(g) >= v for g, v in milli.items())
+                and all(fmem.item(g) >= v for g, v in gmem.items()))
 
     def allocate(self, alloc: Allocation, req: Request) -> None:
         self._apply(alloc, req, -1)
