@@ -564,7 +564,7 @@ class Gavel(Policy):
         for k, i in enumerate(wait):
             row = int(r[k])
             if stale[k] or b.why[row] is None:
-                b.why[row] = self._describe_row(row)
+                b.why[row] = "Gavel: waiting for a lease; allocation " + self._alloc_text(row)
             d.waiting[jobs[i].id] = b.why[row]  # type: ignore[assignment]
 
     def _pinned(self, js: JobState, now: float, snap: Snapshot) -> bool:
@@ -572,9 +572,6 @@ class Gavel(Policy):
         if not js.job.preemptible:
             return True
         return self.use_min_runtime and not can_preempt(js, now, snap.config)
-
-    def _describe_row(self, r: int) -> str:
-        return "Gavel: waiting for a lease; allocation " + self._alloc_text(r)
 
     def _alloc_text(self, r: int) -> str:
         """Row r's allocation per model, with the share of its active time it had there."""
