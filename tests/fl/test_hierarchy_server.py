@@ -202,8 +202,16 @@ def test_a_leaf_killed_mid_round_does_not_crash_the_server():
             if Killer.killed:
                 return super().fit(params, config)
             Killer.killed = True
-            pid = server.strategy.tree.tree.pids[0]
-            os.kill(pid, signal.SIGKILL)
+            # Kill a leaf that is there now: once, under load, the first pid read was already
+            # gone by the time of the kill (ProcessLookupError), failing the test before it began.
+            for pid in server.strategy.tree.tree.pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                    break
+                except ProcessLookupError:
+                    continue
+            else:
+                raise AssertionError("no live leaf to kill")
             while not _gone(pid) and not _reaped(pid):
                 time.sleep(0.01)
             return super().fit(params, config)

@@ -33,6 +33,9 @@ be copied in always finds a slot once a leaf hands one back.
 
 The pool, the leaves' pipes and the round's state are shared by the server's thread and the
 transport's: every change holds `_lock`; waiting for a leaf (`_poll`) does not.
+
+What the tree holds for each leaf (its pipe, partial-sum block and process) and the address
+that runtime-started leaves join are in `leaf_link.py`.
 """
 
 from __future__ import annotations
@@ -50,8 +53,10 @@ from typing import Any
 import numpy as np
 
 from plinth.core.errors import PlinthError
-from plinth.fl.aggregate.accumulator import Template, template_of
-from plinth.fl.aggregate.leaf import Ref, copy_into, layout, parse_address, run_leaf, views
+from plinth.fl.aggregate.accumulator import template_of
+from plinth.fl.aggregate.leaf import Ref, copy_into, layout, views
+from plinth.fl.aggregate.leaf_link import (LeafLink, LeafRegistry, discard_slot, shutdown,
+                                           unlink_block)
 from plinth.fl.messages import NDArrays
 
 log = logging.getLogger("plinth.fl.aggregate")
@@ -74,160 +79,6 @@ class TreeResult:
         if self.count == 0:
             return None
         return [s / self.total_weight for s in self.sums]
-
-
-def _unlink(name: str) -> None:
-    try:
-        shm = shared_memory.SharedMemory(name=name)
-    except FileNotFoundError:
-        return
-    shm.close()
-    shm.unlink()
-
-
-class _Leaf:
-    """This process's side of one leaf: its pipe, partial-sum block and round state, and its
-    process when this tree spawned it (an external leaf has only its connection)."""
-
-    def __init__(self, conn: Any, partial: shared_memory.SharedMemory, pid: int,
-                 proc: Any = None) -> None:
-        self.conn, self.partial, self.pid, self.proc = conn, partial, pid, proc
-        self.held: set[int] = set()  # pool slots it has not handed back
-        self.oneoffs: set[str] = set()  # one-off blocks not yet folded (it unlinks them)
-        self.tags: list[str] = []  # updates given to it this round
-        self.ready = False  # it has loaded the kernels and folds from now on
-        self.idle = 0  # rounds spent on standby
-        self.started = time.monotonic()
-
-    def idle_alive(self) -> bool:
-        """Whether a leaf outside the round is still there (it sends only "ready" unasked)."""
-        try:
-            while self.conn.poll(0):
-                if self.conn.recv()[0] == "ready":
-                    self.ready = True
-        except (EOFError, OSError):
-            return False
-        return True
-
-    @classmethod
-    def spawn(cls, ctx: Any, template: Template, partial_bytes: int, threads: int) -> _Leaf:
-        partial = shared_memory.SharedMemory(create=True, size=max(1, partial_bytes))
-        conn, child = ctx.Pipe()
-        proc = ctx.Process(target=run_leaf, args=(child, template, partial.name, threads),
-                           daemon=True)
-        proc.start()
-        child.close()  # so that the leaf sees EOF if this process dies
-        return cls(conn, partial, proc.pid, proc)
-
-    @classmethod
-    def adopt(cls, conn: Any, pid: int, template: Template, partial_bytes: int) -> _Leaf:
-        """A leaf the runtime started, joined with the task's token: give it the model."""
-        partial = shared_memory.SharedMemory(create=True, size=max(1, partial_bytes))
-        conn.send(("init", template, partial.name))
-        return cls(conn, partial, pid)
-
-    @property
-    def external(self) -> bool:
-        return self.proc is None
-
-    @property
-    def exitcode(self) -> Any:
-        return "its connection closed" if self.proc is None else \
-            f"exit code {self.proc.exitcode}"
-
-    def kill(self) -> None:
-        if self.proc is not None:
-            self.proc.kill()
-            self.proc.join(5)
-        else:  # not ours to kill: cut it off; the runtime sees its unit end
-            self.conn.close()
-
-    def release(self, wait: float) -> None:
-        """Stop (politely, then by force, if it is ours), and free its partial block."""
-        try:
-            self.conn.send(("stop",))
-        except OSError:
-            pass
-        if self.proc is not None:
-            self.proc.join(wait)
-            if self.proc.is_alive():
-                self.proc.terminate()
-                self.proc.join(5)
-        self.conn.close()
-        self.partial.close()
-        try:
-            self.partial.unlink()
-        except FileNotFoundError:
-            pass
-        for name in self.oneoffs:
-            _unlink(name)
-        self.oneoffs.clear()
-
-
-class _Registry:
-    """The aggregator address external leaves join (a thread accepts; the tree adopts)."""
-
-    def __init__(self, address: str, token: bytes) -> None:
-        self.listener = connection.Listener(parse_address(address), authkey=token)
-        addr = self.listener.address
-        self.address = f"{addr[0]}:{addr[1]}" if isinstance(addr, tuple) else str(addr)
-        self.joined: queue.Queue[tuple[Any, int]] = queue.Queue()
-        self.refused = 0  # joins with a wrong token
-        self._thread = threading.Thread(target=self._accept, daemon=True,
-                                        name="fl-leaf-registry")
-        self._thread.start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn = self.listener.accept()  # the HMAC challenge runs here
-            except (connection.AuthenticationError, EOFError, ConnectionError) as e:
-                self.refused += 1
-                log.warning("aggregator registry: a leaf was refused (%s)", e)
-                continue
-            except OSError:  # the listener was closed
-                return
-            try:
-                if not conn.poll(10):
-                    raise EOFError("no hello within 10s")
-                kind, pid = conn.recv()
-                if kind != "hello":
-                    raise EOFError(f"expected hello, got {kind!r}")
-            except (EOFError, OSError, ValueError, TypeError) as e:
-                log.warning("aggregator registry: a leaf did not introduce itself (%s)", e)
-                conn.close()
-                continue
-            self.joined.put((conn, int(pid)))
-
-    def close(self) -> None:
-        self.listener.close()
-
-
-def _shutdown(leaves: list[_Leaf], slots: list[shared_memory.SharedMemory],
-              registry: list[_Registry], standby: list[_Leaf]) -> None:
-    for reg in registry:
-        reg.close()
-    for leaf in [*leaves, *standby]:
-        leaf.release(10)
-    leaves.clear()
-    standby.clear()
-    for shm in slots:
-        _discard(shm)
-    slots.clear()
-
-
-def _discard(shm: shared_memory.SharedMemory) -> None:
-    """Unmap and unlink a slot. One a landed buffer still views stays mapped until that view
-    dies; one already unlinked is gone (an external leaf killed between mapping it and telling
-    its resource tracker that the block is not its own: the tracker unlinks it)."""
-    try:
-        shm.close()
-    except BufferError:
-        pass
-    try:
-        shm.unlink()
-    except FileNotFoundError:
-        pass
 
 
 class Hierarchy:
@@ -260,7 +111,7 @@ class Hierarchy:
             [(s, acc_dtype(d)) for s, d in self.template])
         self.threads, self._fixed_slots = threads, slots
         self.stall_timeout = stall_timeout
-        self._leaves: list[_Leaf] = []
+        self._leaves: list[LeafLink] = []
         self._slots: list[shared_memory.SharedMemory] = []
         self._base: list[int] = []  # each slot's address here, to find landed arrays in it
         self._free: list[int] = []
@@ -269,16 +120,16 @@ class Hierarchy:
         self._landed: dict[int, tuple[int, int]] = {}  # slot -> (landing number, bytes)
         self.landings = 0  # updates received straight into a slot, so far ...
         self.copied = 0  # ... and updates copied into one (they arrived some other way)
-        self._inbox: list[tuple[_Leaf, Any]] = []  # leaves' replies read by any thread
+        self._inbox: list[tuple[LeafLink, Any]] = []  # leaves' replies read by any thread
         self._lock = threading.RLock()
         self._handed = threading.Condition(self._lock)  # a landed slot left the landings
         self._lost: list[tuple[str, str]] = []  # updates lost with a dead leaf, this round
         self._in_round = False
         self.replaced = 0  # leaves that died (replaced where one was at hand)
         self.join_timeout, self.keep_warm = join_timeout, keep_warm
-        self._standby: list[_Leaf] = []  # warm leaves outside this round (reused first)
-        self._registry = [] if listen is None else [_Registry(listen, token or b"")]
-        self._finalizer = weakref.finalize(self, _shutdown, self._leaves, self._slots,
+        self._standby: list[LeafLink] = []  # warm leaves outside this round (reused first)
+        self._registry = [] if listen is None else [LeafRegistry(listen, token or b"")]
+        self._finalizer = weakref.finalize(self, shutdown, self._leaves, self._slots,
                                            self._registry, self._standby)
         try:
             self.scale(leaves)
@@ -321,7 +172,7 @@ class Hierarchy:
         """Bytes of one update in the template's layout (what a leaf folds per update)."""
         return self._raw_bytes
 
-    def _spawn(self, wait: bool) -> _Leaf | None:
+    def _spawn(self, wait: bool) -> LeafLink | None:
         """A new active leaf: spawned here, or a joined external one (a standby leaf first;
         with `wait`, up to `join_timeout` for one to join). None if no external one came."""
         if not self._registry:
@@ -330,7 +181,7 @@ class Hierarchy:
                 if leaf.idle_alive():
                     return leaf
                 leaf.release(0)
-            return _Leaf.spawn(self._ctx, self.template, self._partial_bytes, self.threads)
+            return LeafLink.spawn(self._ctx, self.template, self._partial_bytes, self.threads)
         reg = self._registry[0]
         deadline = time.monotonic() + (self.join_timeout if wait else 0.0)
         while True:
@@ -340,7 +191,7 @@ class Hierarchy:
                 except queue.Empty:
                     break
                 try:
-                    self._standby.append(_Leaf.adopt(conn, pid, self.template,
+                    self._standby.append(LeafLink.adopt(conn, pid, self.template,
                                                      self._partial_bytes))
                 except OSError:
                     conn.close()
@@ -399,7 +250,7 @@ class Hierarchy:
             for leaf in [*self._leaves, *self._standby]:
                 self._send(leaf, ("drop", [s.name for s in drop]))
             for shm in drop:
-                _discard(shm)
+                discard_slot(shm)
             self._free = [i for i in self._free if i < want]
         elif len(self._slots) < want:
             self._grow(want)
@@ -527,7 +378,7 @@ class Hierarchy:
         if ref.slot >= 0:
             self._free.append(ref.slot)
         else:
-            _unlink(ref.name)
+            unlink_block(ref.name)
 
     def _take_slot(self, landing: bool) -> int:
         """A free slot; blocks while every slot is being folded (backpressure). A landing
@@ -554,17 +405,17 @@ class Hierarchy:
                     continue
             self._poll(timeout=left)
 
-    def _overdue(self, leaf: _Leaf, now: float) -> bool:
+    def _overdue(self, leaf: LeafLink, now: float) -> bool:
         """Whether a silent leaf counts as stuck: a ready one after `stall_timeout`; one still
         starting (loading numpy and the kernels, slow on a loaded machine) after `STARTUP_S`
         as well, so a slow start is not taken for a stall."""
         return leaf.ready or now - leaf.started > max(self.stall_timeout, STARTUP_S)
 
-    def _stuck(self, leaf: _Leaf) -> None:
+    def _stuck(self, leaf: LeafLink) -> None:
         leaf.kill()
         self._died(leaf, f"stopped folding for {self.stall_timeout:g}s and was killed")
 
-    def _send(self, leaf: _Leaf, msg: Any) -> bool:
+    def _send(self, leaf: LeafLink, msg: Any) -> bool:
         try:
             leaf.conn.send(msg)
             return True
@@ -605,7 +456,7 @@ class Hierarchy:
                 except (EOFError, OSError):
                     self._died(leaf)
 
-    def _died(self, leaf: _Leaf, how: str = "") -> None:
+    def _died(self, leaf: LeafLink, how: str = "") -> None:
         """Replace a dead (or stuck) leaf: its slots come back, its round's updates are lost
         (failures of the round, which goes on). An external leaf is replaced by a standby one,
         or not at all (the controller starts another)."""
