@@ -611,3 +611,20 @@ def test_platform_quotas_share_the_rest_among_tenants_without_one() -> None:
         policy = FairShare()
         d = policy.schedule(snapshot(cluster, policy, [job("default", gpus=3)]), NOW)
         assert len(d.starts) == starts, d.waiting
+
+
+def test_equal_shares_add_up_so_a_tenant_can_borrow_the_whole_cluster() -> None:
+    """4 GPUs among 3 tenants: shares rounded one by one (1.333 each) left a cohort of 3.999
+    GPUs, and a 4-GPU gang waited forever on an idle cluster ("more than team-0 can ever
+    hold"). The shares add up to the cluster, and the gang runs."""
+    from plinth.sched.quota import derive_quotas, equal_shares
+    from plinth.sim.engine import simulate
+
+    assert equal_shares(4, 3) == [1.334, 1.333, 1.333]
+    assert sum(round(s * 1000) for s in equal_shares(256, 15)) == 256_000
+    cluster = Cluster((Node("n0", 64_000, 256_000, "V100", 4),))
+    assert sum(round(q.nominal_gpus * 1000) for q in derive_quotas(cluster, "abc")) == 4000
+    jobs = [Job(i, float(i), 60.0, Request(gpus=1, workers=1 + 3 * (i == 3)), tenant=t)
+            for i, t in enumerate(["a", "b", "c", "a"])]
+    res = simulate(jobs, cluster, make_policy("drf"), SchedConfig(), validate=True)
+    assert len(res.jobs) == 4  # the 4-GPU gang of tenant a ran once the others ended

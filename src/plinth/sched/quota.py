@@ -39,13 +39,22 @@ def cluster_totals(cluster: Cluster) -> tuple[int, int, int]:
             sum(n.memory_mib for n in cluster.nodes))
 
 
+def equal_shares(total_gpus: float, n: int) -> list[float]:
+    """`total_gpus` split `n` ways in whole milli-GPUs that add up to it exactly (the first
+    shares take the remainder). Rounded each on its own, 4 GPUs in three went 1.333 each, and
+    no tenant could ever borrow its way to a 4-GPU job."""
+    base, extra = divmod(round(total_gpus * MILLI), n)
+    return [(base + (i < extra)) / MILLI for i in range(n)]
+
+
 def derive_quotas(cluster: Cluster, tenants: Iterable[str]) -> tuple[TenantQuota, ...]:
     """Equal nominal shares of all GPUs among `tenants`, unlimited borrowing, one cohort."""
     names = sorted(set(tenants))
     if not names:
         return ()
-    share = cluster.total_gpus / len(names)
-    return tuple(TenantQuota(n, share) for n in names)
+    return tuple(TenantQuota(n, share)
+                 for n, share in zip(names, equal_shares(cluster.total_gpus, len(names)),
+                                     strict=True))
 
 
 def platform_quotas(tenants: Iterable[Mapping[str, Any]], total_gpus: float
@@ -61,8 +70,8 @@ def platform_quotas(tenants: Iterable[Mapping[str, Any]], total_gpus: float
     if len(unset) == len(rows):
         return ()
     left = max(0.0, total_gpus - sum(t["gpus"] for t in rows if t["gpus"] is not None))
-    rest = left / len(unset) if unset else 0.0
-    return tuple(TenantQuota(t["name"], rest if t["gpus"] is None else t["gpus"],
+    rest = iter(equal_shares(left, len(unset)) if unset else ())
+    return tuple(TenantQuota(t["name"], next(rest) if t["gpus"] is None else t["gpus"],
                              t["borrowing_limit"]) for t in rows)
 
 
