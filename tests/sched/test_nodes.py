@@ -41,6 +41,27 @@ def test_a_node_that_leaves_is_not_placed_on_until_it_is_back():
     assert w.down.holds == []
 
 
+def test_a_start_planned_on_a_victims_gpus_is_not_launched_once_their_node_has_left():
+    """A high-priority job is planned on the GPUs a preempted victim still holds; the victim's
+    node leaves before it exits. The job goes back to the queue (lost before its launch) and
+    is launched elsewhere later, never on the departed node."""
+    w = owner("priority", c=cluster(nodes=2, gpus=2))
+    w.handle([o.Submitted(job(1, gpus=2, priority=0)), o.Submitted(job(2, gpus=2, priority=0))],
+             0.0)
+    assert on(w, 1) == {0} and on(w, 2) == {1}
+    out = w.handle([o.Submitted(job(3, gpus=2, t=1.0, priority=10))], 40.0)
+    victim = out.instructions[0].job_id
+    assert launches(out) == [] and w.jobs[3].status is State.RUNNING  # waits for the release
+    gone = on(w, victim).pop()
+    w.set_down(frozenset({gone}))
+    out = w.handle([o.Exited(victim, 1, 143)], 41.0)
+    assert launches(out) == [] and w.jobs[3].status is State.PENDING
+    assert [t.kind for t in out.transitions if t.job_id == 3] == ["lost"]
+    w.set_down(frozenset())
+    out = w.handle([], 42.0)
+    assert 3 in launches(out)
+
+
 @settings(max_examples=30, deadline=None)
 @given(seed=st.integers(0, 10_000), n=st.integers(1, 20))
 def test_nothing_is_launched_on_a_node_that_left_under_random_events(seed, n):

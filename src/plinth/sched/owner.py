@@ -445,9 +445,15 @@ class Owner:
         """Launch, in the order they were decided, the started jobs whose resources are free."""
         if not self.waiting_launch:
             return
-        held, out = self.held, self._out.instructions
+        held, out, down = self.held, self._out.instructions, self.down.nodes
         for jid, js in list(self.waiting_launch.items()):
             alloc, req = js.allocation, js.job.request
+            if down and not down.isdisjoint(alloc.nodes):  # type: ignore[union-attr]
+                # Planned on a victim's GPUs on a node that has left since: back to the queue.
+                del self.waiting_launch[jid]
+                self._exited(js, now, None, "its node left before its launch", kind="lost")
+                self.down.take_free(self.state)
+                continue
             if not held.fits(alloc, req):  # type: ignore[arg-type]
                 js.reason = WAITING_FOR_RELEASE
                 continue
