@@ -6,14 +6,15 @@
 #   platform: bench/gpu_platform.py: 4 jobs at gpu_fraction 0.25 through MPS against one at a
 #             time, and a job over its MPS memory limit refused;
 #   tree:     bench/fl_tree.py on 16 cores, the LIFL tree against the flat engine in process;
-#   grpc:     the same through real gRPC on loopback.
+#   grpc:     the same through real gRPC on loopback;
+#   elastic:  resources per round, the elastic tree against an always-on one of 8 leaves.
 #
 # That machine has the image's python3 with torch but not all of Plinth's dependencies and no
 # registry: their wheels travel in .whl (ignored by git), made here with
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 ... -d .whl
 # and carried:  run(command="bash bench/gpu_check.sh", carry=[".whl"]); PARTS picks the parts.
 set -u
-PARTS=" ${PARTS:-machine platform tree grpc} "
+PARTS=" ${PARTS:-machine platform tree grpc elastic} "
 OUT=${OUT:-/tmp/plinth-gpu-check}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -56,5 +57,9 @@ if [[ $PARTS == *" grpc "* ]]; then
   timeout "${GRPC_S:-120}" $PY bench/fl_tree.py --only grpc --params "${GRPC_PARAMS:-1e6,1e7}" \
     --updates "${GRPC_UPDATES:-100,1000}" --leaves "${GRPC_LEAVES:-1,4,8}" --clients 8 \
     --json "$OUT/fl_tree_grpc.json" 2>&1 | tee "$OUT/fl_tree_grpc.log"
+fi
+if [[ $PARTS == *" elastic "* ]]; then
+  timeout 150 $PY bench/fl_tree.py --only elastic --counts 10,100,10,100,30,10 --max-leaves 8 \
+    --elastic-params "${ELASTIC_PARAMS:-1e6}" --deadline 0.05 --json "$OUT/fl_tree_elastic.json" 2>&1 | tee "$OUT/fl_tree_elastic.log"
 fi
 echo "gpu_check done"
