@@ -59,6 +59,9 @@ def test_adopt_workers_of_a_killed_control_plane(make_rt, tmp_path):
     rt.stop(JOB, 2, grace_s=30)  # stop works on adopted workers too
     [ev] = wait_events(rt)
     assert (ev.attempt, ev.kind, ev.exit_code) == (2, EventKind.EXITED, 143)
+    # An adopted worker's end is dated by its exit file, not by the tick that saw it (under
+    # load a shim can outlive its exit file by seconds, and the job's end time would slip).
+    assert ev.at == os.stat(h.procs[0].exit_file).st_mtime
 
 
 def test_adopt_of_an_ended_attempt_reports_its_exit_code(make_rt, tmp_path):

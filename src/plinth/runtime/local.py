@@ -403,7 +403,12 @@ class LocalRuntime(EventQueue):
                             wk.killed = True
                 if all(wk.done for wk in att.workers):
                     del self._attempts[key]
-                    events.append(self._final(att))
+                    end = self._final(att)
+                    if not all(wk.own for wk in att.workers):
+                        # Adopted: a shim still exiting when the control plane came back may
+                        # have ended long before this tick; its exit file dates the end.
+                        end = dataclasses.replace(end, at=_exit_time(att.workers))
+                    events.append(end)
                     ending.append(att)
                 else:
                     watched.append(att)
