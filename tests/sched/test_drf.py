@@ -517,6 +517,18 @@ def _without_shortcuts():
 _shapes = [Request(gpus=1), Request(gpus=2), Request(gpus=4), Request(gpus=8)]
 
 
+def _fitting(cluster: Cluster, running: list[tuple[str, int, float]]) -> list[tuple[Job, float]]:
+    """Running jobs (tenant, GPUs, duration) started at 0, those that fit in the order given."""
+    fits, state = [], ClusterState(cluster)
+    for t, g, dur in running:
+        j = job(t, gpus=g, cpus=0, duration=dur)
+        a = place(state, j.request)
+        if a is not None:
+            state.allocate(a, j.request)
+            fits.append((j, 0.0))
+    return fits
+
+
 @settings(max_examples=40, deadline=None)
 @given(running=st.lists(st.tuples(st.sampled_from("ab"), st.sampled_from([1, 2, 4]),
                                   st.sampled_from([600.0, 7200.0, 36000.0])), max_size=10),
@@ -539,13 +551,7 @@ def test_run_shortcuts_decide_as_one_job_at_a_time(running, pending, nominal, sc
         req = _shapes[shape] if shared else Request(gpus=_shapes[shape].gpus)
         jobs.append(Job(i, float(i), dur, req, tenant=t, priority=prio))
     cfg = SchedConfig(backfill_depth=scan)
-    fits, state = [], ClusterState(cluster)
-    for t, g, dur in running:
-        j = job(t, gpus=g, cpus=0, duration=dur)
-        a = place(state, j.request)
-        if a is not None:
-            state.allocate(a, j.request)
-            fits.append((j, 0.0))
+    fits = _fitting(cluster, running)
 
     def decide() -> tuple:
         pol = FairShare(reserve=reserve)
@@ -628,3 +634,44 @@ def test_equal_shares_add_up_so_a_tenant_can_borrow_the_whole_cluster() -> None:
             for i, t in enumerate(["a", "b", "c", "a"])]
     res = simulate(jobs, cluster, make_policy("drf"), SchedConfig(), validate=True)
     assert len(res.jobs) == 4  # the 4-GPU gang of tenant a ran once the others ended
+
+
+@settings(max_examples=40, deadline=None)
+@given(running=st.lists(st.tuples(st.sampled_from("ab"), st.sampled_from([1, 2, 4]),
+                                  st.sampled_from([600.0, 7200.0, 36000.0])), max_size=10),
+       pending=st.lists(st.tuples(st.sampled_from("abc"), st.integers(0, 3),
+                                  st.sampled_from([600.0, 7200.0, 36000.0])),
+                        min_size=1, max_size=40),
+       nominal=st.tuples(*[st.sampled_from([0, 4, 8])] * 3),
+       scan=st.sampled_from([3, 500]), later=st.sampled_from([0.0, 60.0, 50_000.0]))
+def test_reasons_left_out_are_the_ones_jobs_already_have(running, pending, nominal, scan,
+                                                         later) -> None:
+    """A pass leaves a job out of `waiting` only when the job already has that reason: with
+    the reasons of a first pass applied, as the owner does, a second pass leaves every job
+    with the reason (and makes the starts and preemptions) that the reference gives, which
+    is the same pass on jobs that have no reason yet, so that every reason is written."""
+    import dataclasses
+
+    quotas_ = tuple(TenantQuota(n, g) for n, g in zip("abc", nominal))
+    cluster = make_cluster(nodes=2, tenants=quotas_)
+    jobs = [job(t, gpus=_shapes[shape].gpus, duration=dur) for t, shape, dur in pending]
+    fits = _fitting(cluster, running)
+    cfg = SchedConfig(backfill_depth=scan)
+    pol = FairShare()
+    snap = snapshot(cluster, pol, jobs, fits, cfg)
+    first = pol.schedule(snap, NOW)
+    for js in snap.pending:
+        js.reason = first.waiting.get(js.id, "")
+
+    def second(reasons: bool) -> tuple:
+        queue = [dataclasses.replace(js, reason=js.reason if reasons else "")
+                 for js in snap.pending]
+        d = FairShare().schedule(dataclasses.replace(snap, pending=queue), NOW + later)
+        held = {js.id: d.waiting.get(js.id, js.reason) for js in snap.pending}
+        return ([(s.job_id, s.allocation, s.reason) for s in d.starts],
+                [(p.job_id, p.reason) for p in d.preempts], d.wake_at, held, len(d.waiting))
+
+    *kept, short = second(reasons=True)
+    *reference, full = second(reasons=False)
+    assert kept == reference
+    assert short <= full

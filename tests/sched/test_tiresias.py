@@ -239,24 +239,28 @@ def test_a_sorted_container_queue_decides_as_a_sorted_list(seed):
 
 @contextmanager
 def _without_shortcuts():
-    """The reference pass: every starvation limit read job by job, every victim scan filtered
-    as when victims of this pass are left out, and every victim search trying placements,
-    not counting GPUs."""
+    """The reference pass: every starvation limit read job by job in every pass (none kept
+    from the last pass) and the next one found by filtering them all, every victim scan
+    filtered as when victims of this pass are left out, and every victim search trying
+    placements, not counting GPUs."""
     from plinth.sched import preemption
-    from plinth.sched.policies import tiresias
+    from plinth.sched.policies.tiresias import _Oldest
 
-    saved = tiresias._next_limit, preemption._Candidates.scan, preemption._Candidates.counted_fit
-    _, scan, _ = saved
+    saved = (_Oldest.unchanged, _Oldest.next_after, preemption._Candidates.scan,
+             preemption._Candidates.counted_fit)
+    scan = preemption._Candidates.scan
     nobody = {-1: None}  # leaves no job out, but takes the filtering path
-    tiresias._next_limit = lambda jobs, limits, cut, started: min(
-        (t for js, t in zip(jobs, limits) if t > cut and js not in started), default=None)
+    _Oldest.unchanged = lambda self, queue, q: False
+    _Oldest.next_after = lambda self, cut, started: min(
+        (t for js, t in zip(self.jobs, self.limits) if t > cut and js not in started),
+        default=None)
     preemption._Candidates.scan = lambda self, victims: scan(self, victims or nobody)
     preemption._Candidates.counted_fit = lambda self, *args: None
     try:
         yield
     finally:
-        tiresias._next_limit, preemption._Candidates.scan, preemption._Candidates.counted_fit = \
-            saved
+        (_Oldest.unchanged, _Oldest.next_after, preemption._Candidates.scan,
+         preemption._Candidates.counted_fit) = saved
 
 
 _shapes = [Request(gpus=1), Request(gpus=1, workers=2), Request(gpus=1, workers=4),
@@ -296,15 +300,50 @@ def test_shortcuts_decide_as_the_filtering_path(seed):
 
 
 def test_next_limit_leaves_out_started_jobs_and_due_limits():
-    from plinth.sched.policies.tiresias import _next_limit
+    from plinth.sched.policies.tiresias import _Oldest
 
     rng = random.Random(5)
     cut = NOW + 1e-3
     for _ in range(200):
-        jobs = [pending(make_job(k, 1)) for k in range(rng.randint(1, 8))]
-        limits = [rng.choice([NOW - 5.0, NOW, NOW + 1.0, NOW + rng.uniform(0, 9e4)]) for _ in jobs]
+        jobs = [pending(make_job(k, 1), since=rng.choice([NOW - 5.0, NOW, NOW + 1.0]),
+                        executed=rng.choice([0.0, 0.0, rng.uniform(0, 9e3)]))
+                for k in range(rng.randint(1, 8))]
+        oldest = _Oldest([], 1, jobs, 8.0)
+        limits = [js.pending_since + 8.0 * js.executed for js in jobs]
         started = rng.sample(jobs, rng.randint(0, len(jobs))) + [pending(make_job(99, 1))]
         for left_out in (started, []):
             want = min((t for js, t in zip(jobs, limits) if t > cut and js not in left_out),
                        default=None)
-            assert _next_limit(jobs, limits, cut, left_out) == want
+            assert oldest.next_after(cut, left_out) == want
+        assert sorted(js.id for js in oldest.due(cut)) == \
+            sorted(js.id for js, t in zip(jobs, limits) if t <= cut)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_replay_decides_as_the_reference_in_every_pass(seed):
+    """A whole replay through the owner (jobs preempted, requeued, promoted and started
+    again, starvation limits kept between passes while a queue is unchanged) makes the same
+    decisions in every pass as the reference pass."""
+    from plinth.sim.engine import simulate
+
+    rng = random.Random(seed)
+    cl = make_cluster(2, 4)
+    jobs = [Job(k, rng.uniform(0, 20_000), rng.choice([60.0, 900.0, 4_000.0, 20_000.0]),
+                rng.choice(_shapes[:6]), preemptible=rng.random() < 0.9) for k in range(60)]
+
+    def replay() -> list[tuple]:
+        pol = Tiresias(thresholds=(300, 3_000), starve_factor=2.0, starve_scan=5, scan_depth=8)
+        inner, seen = pol.schedule, []
+
+        def recorded(snap: Snapshot, now: float) -> Decisions:
+            d = inner(snap, now)
+            seen.append((now, _decisions(d)))
+            return d
+
+        pol.schedule = recorded  # type: ignore[method-assign]
+        simulate(jobs, cl, pol, SchedConfig(min_runtime=120.0))
+        return seen
+
+    fast = replay()
+    with _without_shortcuts():
+        assert replay() == fast

@@ -103,7 +103,7 @@ class Owner:
         self.held = ClusterState(cluster)  # what launched attempts hold
         self.down = DownNodes()  # nodes that left: held out of the plan
         self.jobs: dict[int, JobState] = {}  # active jobs (and finished ones if keep_finished)
-        self.pending: SortedKeyList = SortedKeyList(key=policy.order)
+        self.pending: SortedKeyList = policy.pending_queue()
         self.running: dict[int, JobState] = {}  # RUNNING in the plan (launched or not)
         self.ends = RunningEnds()  # the running jobs by expected end, for reservations
         self.waiting_launch: dict[int, JobState] = {}  # RUNNING, Launch held back for room
@@ -196,7 +196,7 @@ class Owner:
         """A new policy (tenant quotas changed); the nodes stay the same."""
         self.policy, self.cluster = policy, cluster
         self.state.cluster = self.held.cluster = cluster
-        self.pending = SortedKeyList(list(self.pending), key=policy.order)
+        self.pending = policy.pending_queue(list(self.pending))
         self._pass_due = True
 
     def set_down(self, nodes: frozenset[int]) -> None:

@@ -169,7 +169,10 @@ class PreemptionPlan:
 
     def try_start(self, js: JobState, reason: str) -> bool:
         """Start `js` on free resources if it fits."""
-        alloc = place(self.work, js.job.request, self.cfg.placement)
+        req = js.job.request
+        if req.gpu_milli_total > self.work.free_milli:
+            return False  # not that much GPU share free in all: no placement is tried
+        alloc = place(self.work, req, self.cfg.placement)
         if alloc is None:
             return False
         self._start(js, alloc, reason)
@@ -309,26 +312,29 @@ class _Candidates:
         guaranteed = [guaranteed_runtime_for(k, cfg) for k in range(max(cap, 0))]
         rows = []
         for js, level in zip(jobs, levels):
-            if js.job.preemptible and js.preemptions < cap:
+            job = js.job
+            if job.preemptible and js.preemptions < cap:
                 ckpt = js.checkpoint_time
                 started = now if js.start_time is None else js.start_time
                 g = guaranteed[js.preemptions]
                 # Protected last, then `_victim_key`; ids are unique, so nothing after them
                 # is compared.
                 rows.append((now - started < g, level, js.progress - js.checkpointed,
-                             math.inf if ckpt is None else -ckpt, js.id, js, started + g))
+                             math.inf if ckpt is None else -ckpt, js.id, js, started + g,
+                             job.request))
         rows.sort()
         self.others = len(jobs) - len(rows)
         self.jobs = [r[5] for r in rows]
         self.until = [r[6] for r in rows]
-        self.n_eligible = len(rows) - sum(r[0] for r in rows)
-        self.milli = [js.job.request.gpu_milli_total for js in self.jobs]
+        requests = [r[7] for r in rows]
+        self.n_eligible = bisect.bisect_left(rows, (True,))  # the first protected one
+        self.milli = [req.gpu_milli_total for req in requests]
         # The scan with no victims yet: every candidate, and the GPU share each prefix frees.
         self.order = list(range(len(rows)))
         self.freed = list(itertools.accumulate(self.milli))
         # Those holding GPU shares. The others hold whole GPUs, as many as they asked for
         # (`check_gang`, an invariant of the owner).
-        self.shared = {i for i, js in enumerate(self.jobs) if js.job.request.gpu_milli}
+        self.shared = {i for i, req in enumerate(requests) if req.gpu_milli}
 
     def counted_fit(self, req: Request, work: ClusterState, pcfg: PlacementConfig,
                     order: list[int], freed: list[int]) -> int | None:

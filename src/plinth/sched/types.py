@@ -124,7 +124,8 @@ class Decisions:
     starts: list[Start] = field(default_factory=list)
     preempts: list[Preempt] = field(default_factory=list)
     resizes: list[Resize] = field(default_factory=list)
-    waiting: dict[int, str] = field(default_factory=dict)  # why examined pending jobs wait
+    # Why examined pending jobs wait; a policy may leave out a job whose `reason` is that already.
+    waiting: dict[int, str] = field(default_factory=dict)
     wake_at: float | None = None  # call me again then, even if nothing else happens
 
     def __bool__(self) -> bool:

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
+from sortedcontainers import SortedKeyList
+
 from plinth.sched.types import Decisions, JobState, Snapshot
 
 
@@ -25,6 +29,10 @@ class Policy:
 
     def order(self, js: JobState) -> tuple:
         return (js.job.submit_time, js.job.id)
+
+    def pending_queue(self, jobs: Iterable[JobState] = ()) -> SortedKeyList:
+        """A pending queue of `jobs`, sorted by `order`, for the owner to keep."""
+        return SortedKeyList(jobs, key=self.order)
 
     def schedule(self, snap: Snapshot, now: float) -> Decisions:  # pragma: no cover
         raise NotImplementedError

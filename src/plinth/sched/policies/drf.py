@@ -19,6 +19,7 @@ limit, a cohort and a weight (`TenantQuota`, see `plinth.sched.quota` for the bo
   A tenant at or below nominal is never a victim; jobs no larger than what a tenant borrows are
   taken first, but when all its jobs are larger, one may take it below nominal (as in Kueue,
   else the reclaiming tenant could never get its guarantee). Borrowing jobs never preempt.
+  Reclaim and preemption live in `drf_reclaim`.
 - Reservation (`reserve`, on by default), so that a stream of small jobs cannot starve big
   ones: the first job in line that waits for room gets the GPUs it would have when running
   jobs end as estimated (EASY backfill), and each tenant's first job that waits for quota holds
@@ -31,7 +32,9 @@ The pending queue is kept grouped by tenant (see `order`), so a pass finds each 
 by binary search and stops reading a tenant once `depth` of its jobs wait for distinct reasons
 (or `backfill_depth` wait in all): its work is O(depth x tenants + starts + running), plus a
 cheap look-up per repeated blocked job, not O(pending). Jobs further back are not examined and
-get no new reason.
+get no new reason. A job examined whose reason is the one it already has (`JobState.reason`,
+set by the owner from an earlier pass) is left out of `Decisions.waiting`: most waiting jobs
+wait for the same reason pass after pass, and the owner would only write it again.
 """
 
 from __future__ import annotations
@@ -47,11 +50,10 @@ from plinth.sched.backfill import GPU_ONLY, masked, reservation, without_reserve
 from plinth.sched.ends import RunningEnds
 from plinth.sched.placement import place, placeable
 from plinth.sched.policies.base import Policy
-from plinth.sched.preemption import can_preempt, find_victims, guaranteed_runtime, victim_order
+from plinth.sched.policies.drf_reclaim import Reclaim
 from plinth.sched.quota import (
     NO_QUOTA,
     NOMINAL,
-    Donor,
     QuotaBook,
     TenantQueue,
     TenantUsage,
@@ -61,12 +63,10 @@ from plinth.sched.quota import (
     tenant_queues,
 )
 from plinth.sched.state import ClusterState
-from plinth.sched.types import Decisions, JobState, Preempt, Snapshot, Start
+from plinth.sched.types import Decisions, JobState, Snapshot, Start
 
-Victims = tuple[list[JobState], ClusterState, Allocation]
 Fixed = tuple[int, int, float, int]  # see `FairShare.fixed`
 
-_by_priority = victim_order(lambda js: js.job.priority)
 STARTED, WAITS, REPEAT = "started", "waits", "repeat"  # what `_Pass.admit` did with a job
 
 
@@ -158,7 +158,7 @@ class FairShare(Policy):
         return p.d
 
 
-class _Pass:
+class _Pass(Reclaim):
     """One scheduling pass: the working state, the quota book and the decisions so far."""
 
     def __init__(self, policy: FairShare, snap: Snapshot, now: float, book: QuotaBook) -> None:
@@ -244,7 +244,8 @@ class _Pass:
                     behind = [*q.later, *([q.head] if q.head else []),
                               *itertools.islice(q.it, depth - 1)]
                     for other in behind:
-                        self.d.waiting[other.id] = why
+                        if other.reason != why:
+                            self.d.waiting[other.id] = why
                     q.active, q.done, q.later, q.head = False, True, [], None
                 elif q.waits >= depth or q.seen >= scan:
                     q.active = False
@@ -264,13 +265,12 @@ class _Pass:
         that one, and any job within nominal quota."""
         if not q.active:
             return
-        book, fixed, later, it = self.book, self.fixed, q.later, q.it
+        book, fixed, new, later = self.book, self.fixed, self.policy.fixed, q.later
         room = t.nominal - t.gpu
         may_hold = self.policy.reserve and q.name not in self.holds
         admits: dict[int, bool] = {}  # by milli-GPUs: `book.admits` on the usage now
-        js = q.head
-        while True:
-            milli = (fixed(js) or self.policy.fixed(js))[3]  # type: ignore[arg-type]
+        for js in itertools.islice(itertools.chain((q.head,), q.it), scan - len(later)):
+            milli = (fixed(js) or new(js))[3]
             if milli <= room:
                 break
             if may_hold:
@@ -280,11 +280,10 @@ class _Pass:
                                                      book.cohort_usage[t.cohort])
                 if not ok:
                     break
-            later.append(js)  # type: ignore[arg-type]
-            js = next(it, None)
-            if js is None or len(later) >= scan:
-                q.active = False
-                break
+            later.append(js)
+        else:  # `scan` put off (or none left): the next one waits unread
+            q.head, q.active = next(q.it, None), False
+            return
         q.head = js
 
     def repeat_run(self, q: TenantQueue, scan: int) -> None:
@@ -295,31 +294,45 @@ class _Pass:
         if not q.active or self.blocked_at != len(self.d.starts) + len(self.d.preempts):
             return  # nothing left, or nothing blocked since the last change
         held, hold = self.reservation, self.holds.get(q.name)
-        blocked, waiting, fixed, it, now = self.blocked, self.d.waiting, self.fixed, q.it, self.now
+        blocked, waiting, fixed, now = self.blocked, self.d.waiting, self.fixed, self.now
+        new = self.policy.fixed
         # The key's parts that are the same for every job read here.
         base = (held is None) * 16 + (hold is None) * 4
         due = held[1] if held is not None else math.inf  # the reserved GPUs
         held_for, quota_due = (hold[0], hold[1]) if hold is not None else (None, math.inf)
-        timed = held is not None or hold is not None
-        seen, js = q.seen, q.head
-        while True:
-            jid, code, est, _ = fixed(js) or self.policy.fixed(js)  # type: ignore[arg-type]
-            if timed:
-                left = est - js.progress  # type: ignore[union-attr]
-                end = now + (left if left > 0.0 else 0.0)  # max(0.0, left), as `admit`
-                key = code + base + (end > due) * 8 + (end > quota_due) * 2 + (jid == held_for)
+        read = 0
+        # At most `scan - seen` jobs from the head on; `it` stays just past the last one read.
+        jobs = itertools.islice(itertools.chain((q.head,), q.it), scan - q.seen)
+        if held is None and hold is None:  # the key is the code and `base`
+            for js in jobs:
+                jid, code, _, _ = fixed(js) or new(js)
+                why = blocked.get(code + base)
+                if why is None:
+                    break
+                if js.reason != why:  # the owner has it already otherwise
+                    waiting[jid] = why
+                read += 1
             else:
-                key = code + base
-            why = blocked.get(key)
-            if why is None:
-                break
-            waiting[jid] = why
-            seen += 1
-            js = next(it, None)
-            if js is None or seen >= scan:
-                q.active = False
-                break
-        q.head, q.seen = js, seen
+                js = None
+        else:
+            for js in jobs:
+                jid, code, est, _ = fixed(js) or new(js)
+                left = est - js.progress
+                end = now + (left if left > 0.0 else 0.0)  # max(0.0, left), as `admit`
+                why = blocked.get(code + base + (end > due) * 8 + (end > quota_due) * 2
+                                  + (jid == held_for))
+                if why is None:
+                    break
+                if js.reason != why:
+                    waiting[jid] = why
+                read += 1
+            else:
+                js = None
+        q.seen += read
+        if js is None:  # all read up to the limit (or the end): the next one waits unread
+            q.head, q.active = next(q.it, None), False
+        else:
+            q.head = js
 
     # -- one job -----------------------------------------------------------------------------
     def admit(self, js: JobState) -> str:
@@ -341,12 +354,16 @@ class _Pass:
             self.blocked_at = version
         why = self.blocked.get(key)
         if why is not None:
-            self.d.waiting[jid] = why
+            if js.reason != why:
+                self.d.waiting[jid] = why
             return REPEAT
         if self._admit(js, late):
             return STARTED
+        why = self.d.waiting[jid]
         if self.blocked_at == len(self.d.starts) + len(self.d.preempts):
-            self.blocked[key] = self.d.waiting[jid]
+            self.blocked[key] = why
+        if js.reason == why:  # the owner has it already (see `FairShare.schedule`)
+            del self.d.waiting[jid]
         return WAITS
 
     def _admit(self, js: JobState, late: bool) -> bool:
@@ -456,12 +473,6 @@ class _Pass:
             info = self._reqs[id(req)] = (id(canon), req.gpu_milli_total)
         return info
 
-    def set_work(self, work: ClusterState) -> None:
-        """Plan on `work` from now on (after preemptions released GPUs)."""
-        self.work = work
-        if self.reservation is not None:
-            self.avoid = without_reserved(work, self.reservation[2])
-
     def start(self, js: JobState, t: TenantUsage, alloc: Allocation, reason: str) -> None:
         self.jobs[js.id] = js
         self.work.allocate(alloc, js.job.request)
@@ -469,143 +480,3 @@ class _Pass:
             self.avoid.allocate(masked(alloc, self.reservation[2]), GPU_ONLY)
         self.book.charge(t.name, js.job.request)
         self.d.starts.append(Start(js.id, alloc, reason))
-
-    def preempt(self, victims: list[JobState], reason) -> None:
-        for v in victims:
-            self.d.preempts.append(Preempt(v.id, reason(v)))
-            self.book.charge(v.job.tenant, v.job.request, -1)
-            self.preempted.add(v.id)
-
-    # -- preemption --------------------------------------------------------------------------
-    def running_of(self, tenant: str) -> list[JobState]:
-        """A tenant's running jobs in victim order, built once per pass when first needed."""
-        if self._running is None:
-            self._running = {}
-            for js in self.snap.running.values():
-                self._running.setdefault(js.job.tenant, []).append(js)
-            for jobs in self._running.values():
-                jobs.sort(key=_by_priority)
-        return [js for js in self._running.get(tenant, ()) if js.id not in self.preempted]
-
-    def eligible(self, js: JobState, protected: list[float]) -> bool:
-        """May `js` be preempted now? If only its minimum runtime protects it, note when that
-        ends, so the pass can ask to be called again then."""
-        if can_preempt(js, self.now, self.cfg):
-            return True
-        if js.job.preemptible and js.preemptions < self.cfg.max_preemptions:
-            started = js.start_time if js.start_time is not None else self.now
-            protected.append(started + guaranteed_runtime(js, self.cfg))
-        return False
-
-    def wait_for(self, protected: list[float]) -> float | None:
-        until = min((t for t in protected if t > self.now), default=None)
-        if until is not None:
-            self.d.wake_at = until if self.d.wake_at is None else min(self.d.wake_at, until)
-        return until
-
-    def find_victims(self, req: Request, candidates: Iterable[JobState],
-                     work: ClusterState | None = None) -> Victims | None:
-        return find_victims(work if work is not None else self.work, req, candidates,
-                            self.now, self.cfg)
-
-    def borrowed(self, o: TenantUsage) -> int:
-        """What o borrows and may be reclaimed: only what it borrowed before this pass, as
-        anything it started in this pass came after every job within nominal quota."""
-        return min(o.gpu, self.gpu_before.get(o.name, 0)) - o.nominal
-
-    def reclaim(self, js: JobState, t: TenantUsage) -> str | None:
-        """Start `js` by preempting borrowed jobs in t's cohort; None on success, else why not."""
-        req = js.job.request
-        donors = [o for o in self.book.tenants.values()
-                  if o.cohort == t.cohort and o is not t and self.borrowed(o) > 0]
-        if not donors:
-            return f"no other tenant in cohort {t.cohort} is borrowing, so nothing to reclaim"
-        key = ("reclaim", t.cohort, req)
-        if key in self.failed:  # victims only get fewer within a pass: it would fail again
-            return self.failed[key]
-        if self.tries_left <= 0:
-            soon = self.now + 1.0
-            self.d.wake_at = soon if self.d.wake_at is None else min(self.d.wake_at, soon)
-            return "reclaim deferred to the next pass (per-pass limit reached)"
-        self.tries_left -= 1
-        borrowed = {o.name: o.borrowed for o in donors}
-        protected: list[float] = []
-        found = self.find_victims(req, self._borrowed_jobs(donors, protected))
-        if found is None:
-            until = self.wait_for(protected)
-            names = ", ".join(sorted(borrowed))
-            why = (f"reclaim from {names} waits for their jobs' minimum runtime "
-                   f"(until t={until:.0f}s)" if until is not None else
-                   f"preempting the borrowed jobs of {names} would not make room")
-            self.failed[key] = why
-            return why
-        victims, scratch, alloc = found
-        donors_used = sorted({v.job.tenant for v in victims})
-        usage = {o.name: (o.gpu, o.nominal) for o in donors}
-        self.preempt(victims, lambda v: (
-            f"Reclaimed by {t.name}: {v.job.tenant} was borrowing "
-            f"{gpus(borrowed[v.job.tenant])} GPUs ({gpus(usage[v.job.tenant][0])}/"
-            f"{gpus(usage[v.job.tenant][1])} nominal)"))
-        self.set_work(scratch)
-        after = t.gpu + req.gpu_milli_total
-        self.start(js, t, alloc, f"Admitted: {t.name} reclaimed its nominal quota from "
-                                 f"{', '.join(donors_used)} ({gpus(after)}/{gpus(t.nominal)} "
-                                 f"GPUs with this job)")
-        return None
-
-    def _borrowed_jobs(self, donors: list[TenantUsage], protected: list[float]
-                       ) -> Iterator[JobState]:
-        """Victim candidates, lazily: always from the tenant that is currently the most over
-        its quota, and only while it is still over it."""
-        pool = [Donor(o, self.borrowed(o), self.running_of(o.name)) for o in donors]
-        while pool:
-            donor = min(pool, key=lambda x: (-x.left, x.tenant.name))
-            js = donor.next() if donor.left > 0 else None
-            if js is None:
-                pool.remove(donor)
-                continue
-            if self.eligible(js, protected):
-                donor.left -= js.job.request.gpu_milli_total
-                yield js
-
-    def within_tenant(self, js: JobState, t: TenantUsage) -> bool:
-        """Start `js` by preempting lower-priority jobs of its own tenant: first enough to
-        bring the tenant back within quota, then whatever placement still needs."""
-        req, prio = js.job.request, js.job.priority
-        key = ("within", t.name, req, prio)
-        if key in self.failed:
-            return False
-        protected: list[float] = []
-        cands = [v for v in self.running_of(t.name)
-                 if v.job.priority < prio and self.eligible(v, protected)]
-        book, milli, freed, i = self.book, req.gpu_milli_total, 0, 0
-
-        def admits() -> bool:
-            return book.admits(t, milli, t.gpu - freed, book.cohort_usage[t.cohort] - freed)
-
-        while not admits() and i < len(cands):
-            freed += cands[i].job.request.gpu_milli_total
-            i += 1
-        found = None
-        if admits():
-            forced, scratch = cands[:i], self.work.copy()
-            for v in forced:
-                scratch.release(v.allocation, v.job.request)  # type: ignore[arg-type]
-            alloc = place(scratch, req, self.cfg.placement)
-            if alloc is not None and forced:
-                found = (forced, scratch, alloc)
-            elif alloc is None:
-                more = self.find_victims(req, cands[i:], scratch)
-                if more is not None:
-                    found = (forced + more[0], more[1], more[2])
-        if found is None:
-            self.wait_for(protected)
-            self.failed[key] = ""
-            return False
-        victims, scratch, alloc = found
-        self.preempt(victims, lambda v: (
-            f"Preempted by job {js.id} of {t.name}: priority {prio} over {v.job.priority}"))
-        self.set_work(scratch)
-        v = self.book.verdict(t, req.gpu_milli_total)
-        self.start(js, t, alloc, f"Admitted over lower-priority jobs of {t.name}: {v.text}")
-        return True

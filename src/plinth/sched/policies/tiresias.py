@@ -23,6 +23,11 @@ time (it stays promoted in every pass until it runs, as `pending_since` keeps). 
 simulator, promotion does not reset the job's service, so once running it is in the queue its
 service says; its guaranteed runtime (min_runtime with backoff) keeps it from flapping.
 
+The starvation limits a pass reads (of each lower queue's oldest `starve_scan` jobs) are kept
+for the next pass while that queue is unchanged: the owner's pending queue, made by
+`pending_queue`, counts the jobs added to and removed from each queue, and a waiting job's
+accounting only changes while it is out of the queue. A pass then reads no waiting job for them.
+
 `wake_at` asks for a pass when a running job's service crosses its queue's threshold (service
 grows at num_gpus per second of wall time), when a waiting job would reach its starvation limit,
 or when victims a waiting job needs leave their guaranteed runtime, whichever is first, so
@@ -37,11 +42,14 @@ nothing behind it that needs a GPU could start then.
 from __future__ import annotations
 
 import bisect
+import collections
 import itertools
 import math
-from collections.abc import Iterator, Sequence
+import operator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
+from sortedcontainers import SortedKeyList
 
 from plinth.core.errors import SpecError
 from plinth.sched.policies.base import Policy
@@ -49,6 +57,7 @@ from plinth.sched.preemption import MIN_WAKE, PreemptionPlan
 from plinth.sched.types import Decisions, JobState, Snapshot
 
 DEFAULT_THRESHOLDS: tuple[float, ...] = (3600.0, 36000.0)  # GPU-seconds
+_attained = operator.attrgetter("attained")
 
 
 class Tiresias(Policy):
@@ -74,6 +83,11 @@ class Tiresias(Policy):
         self.preempt_depth = preempt_depth
         self.starve_scan = starve_scan
         self.scan_depth = scan_depth
+        self._oldest: dict[int, _Oldest] = {}  # per lower queue, as the last pass read it
+        self._gpus: dict[JobState, float] = {}  # see `_next_demotion`
+
+    def pending_queue(self, jobs: Iterable[JobState] = ()) -> SortedKeyList:
+        return _CountedQueue(jobs, key=self.order)
 
     def queue_of(self, attained: float) -> int:
         """Queue index by attained GPU-seconds; reaching a threshold exactly demotes."""
@@ -103,28 +117,23 @@ class Tiresias(Policy):
                   len(pending)]
         promoted: dict[int, int] = {}  # job id -> the queue it is promoted from
         lifted: list[tuple[float, int, JobState]] = []  # (submit time, id, job), promoted
-        scanned: list[tuple[list[JobState], list[float]]] = []  # the oldest jobs, their limits
+        scanned: list[_Oldest] = []
         cut = now + MIN_WAKE  # a limit this close is due now
         if factor is not None:
             for q in range(1, len(thr) + 1):
-                lo = bounds[q]
-                jobs = pending[lo:min(lo + self.starve_scan, bounds[q + 1])]
-                if not jobs:
+                oldest = self._oldest_of(pending, q, bounds)
+                if oldest is None:
                     continue
-                limits = [js.pending_since + factor * js.executed for js in jobs]
-                scanned.append((jobs, limits))
-                if min(limits) > cut:
-                    continue  # none due: the common case
-                for js, t in zip(jobs, limits):
-                    if cut >= t:
-                        promoted[js.id] = q
-                        lifted.append((js.job.submit_time, js.id, js))
+                scanned.append(oldest)
+                for js in oldest.due(cut):
+                    promoted[js.id] = q
+                    lifted.append((js.job.submit_time, js.id, js))
         lifted.sort(key=lambda e: e[:2])
         entries = self._entries(pending, bounds, lifted, promoted)
 
         # Every running job's queue, vectorised: a pass reads it for all of them.
         running = list(snap.running.values())
-        attained = np.fromiter((js.attained for js in running), float, len(running))
+        attained = np.fromiter(map(_attained, running), float, len(running))
         run_q = np.searchsorted(self._thr, attained, side="right")  # queue_of, for all
         top_run_q = int(run_q.max()) if run_q.size else -1
         # Victims: the highest queue (most served) first, then the least unsaved work.
@@ -134,7 +143,9 @@ class Tiresias(Policy):
 
         first_waiting: int | None = None
         examined = 0
-        waiting_q: dict[int, int] = {}
+        # The least queue of a job left waiting: the first one's, as the pass walks the queues
+        # in order.
+        best_waiting: int | None = None
         # Whole-GPU gangs with no other demand fail monotonically: if n workers of g GPUs
         # cannot start or preempt at queue q, neither can more workers at queue q or below.
         # floors[g] = (fewest workers that failed, its reason); reset by any preemption,
@@ -163,7 +174,8 @@ class Tiresias(Policy):
                 if floor is not None and req.workers >= floor[0]:
                     # A smaller gang of the same shape, as high or higher in the queues,
                     # could neither start nor preempt: neither can this one.
-                    waiting_q[js.id] = q
+                    if best_waiting is None:
+                        best_waiting = q
                     d.waiting[js.id] = floor[1]
                     continue
             note = ""
@@ -189,7 +201,8 @@ class Tiresias(Policy):
                 why = "no running job is in a lower queue"
             if first_waiting is None:
                 first_waiting = js.id
-            waiting_q[js.id] = q
+            if best_waiting is None:
+                best_waiting = q
             d.waiting[js.id] = f"Resources: queue {q}{note}, does not fit; {why}"
             if plain and len(d.preempts) == preempts_seen:
                 floors[req.gpus] = (req.workers, d.waiting[js.id])
@@ -198,33 +211,39 @@ class Tiresias(Policy):
         # those of a lower queue that were not promoted can be among those still to come.
         started = [js for js, _ in plan.started
                    if js.id not in promoted and self.queue_of(js.attained)]
-        ahead = [_next_limit(jobs, limits, cut, started) for jobs, limits in scanned]
+        ahead = [oldest.next_after(cut, started) for oldest in scanned]
         next_promotion = min((t for t in ahead if t is not None), default=None)
-        d.wake_at = plan.wake_at(self._next_demotion(plan, running, run_q, waiting_q),
+        d.wake_at = plan.wake_at(self._next_demotion(plan, running, run_q, best_waiting),
                                  next_promotion)
         return d
 
     def _next_demotion(self, plan: PreemptionPlan, running: list[JobState], run_q: np.ndarray,
-                       waiting_q: dict[int, int]) -> float | None:
+                       best_waiting: int | None) -> float | None:
         """When the next running (or just started) job crosses its queue's threshold. Only
-        demotions that can make a job a victim matter: below some waiting job's queue, of a
-        job that may be preempted at all."""
-        if not waiting_q:
+        demotions that can make a job a victim matter: at or below the best queue of a job
+        left waiting (`best_waiting`), of a job that may be preempted at all."""
+        if best_waiting is None:
             return None
-        best_waiting = min(waiting_q.values())
         last, cap, now = len(self.thresholds), plan.cfg.max_preemptions, plan.now
         thr, victims = self.thresholds, plan.victims
         # The least time to a threshold; `now` is added to it alone, which gives the least of
-        # `now` + each time (rounding is monotonic).
+        # `now` + each time (rounding is monotonic). Only jobs in the queues that count are read.
         soonest = math.inf
-        for js, q in zip(running, run_q.tolist()):
-            if best_waiting <= q < last and js.job.preemptible and js.preemptions < cap \
-                    and js.id not in victims:
-                gpus = js.job.request.num_gpus
-                if gpus > 0:
-                    t = (thr[q] - js.attained) / gpus
-                    if t < soonest:
-                        soonest = t
+        # Each job's GPUs (`num_gpus`), or 0 if it is never preempted, kept from pass to pass
+        # (a job's request and preemptibility never change); dropped once they are many.
+        if len(self._gpus) > 2 * len(running) + 256:
+            self._gpus = {}
+        gpus_of = self._gpus
+        near = np.flatnonzero((run_q >= best_waiting) & (run_q < last))
+        for i, q in zip(near.tolist(), run_q[near].tolist()):
+            js = running[i]
+            gpus = gpus_of.get(js)
+            if gpus is None:
+                gpus = gpus_of[js] = js.job.request.num_gpus if js.job.preemptible else 0.0
+            if gpus > 0 and js.preemptions < cap and js.id not in victims:
+                t = (thr[q] - js.attained) / gpus
+                if t < soonest:
+                    soonest = t
         best = now + soonest if soonest < math.inf else None
         for js, _ in plan.started:  # a handful: the scalar formula
             q = self.queue_of(js.attained)
@@ -257,6 +276,21 @@ class Tiresias(Policy):
                 if js.id not in promoted:
                     yield q, js
 
+    def _oldest_of(self, pending: Sequence[JobState], q: int, bounds: list[int]
+                   ) -> _Oldest | None:
+        """Queue q's oldest `starve_scan` jobs and their limits: the last pass's, if the queue
+        has not changed since, else read again. None if the queue is empty."""
+        kept = self._oldest.get(q)
+        if kept is not None and kept.unchanged(pending, q):
+            return kept
+        lo = bounds[q]
+        jobs = pending[lo:min(lo + self.starve_scan, bounds[q + 1])]
+        if not jobs:
+            self._oldest.pop(q, None)
+            return None
+        oldest = self._oldest[q] = _Oldest(pending, q, jobs, self.starve_factor)
+        return oldest
+
     def _first_of_queue(self, pending: Sequence[JobState], q: int) -> int:
         """Index of queue q's first job in the sorted pending queue."""
         if getattr(pending, "key", None) == self.order:  # a SortedKeyList by our order:
@@ -264,15 +298,98 @@ class Tiresias(Policy):
         return bisect.bisect_left(pending, (q,), key=self.order)
 
 
-def _next_limit(jobs: list[JobState], limits: list[float], cut: float,
-                started: list[JobState]) -> float | None:
-    """The earliest of the jobs' starvation `limits` after `cut`, of those not `started`."""
-    if started:
-        limits = limits.copy()
-        for js in started:
-            if js in jobs:  # by identity: a scan that reads no job
-                limits[jobs.index(js)] = -math.inf  # never after `cut`
-    return min(filter(cut.__lt__, limits), default=None)
+class _CountedQueue(SortedKeyList):
+    """The pending queue (sorted by `Tiresias.order`), counting the jobs added to or removed
+    from each Tiresias queue (`changes[q]`). The owner changes a waiting job's accounting only
+    while it is out of the queue (it takes it out first, as its sort key may change), so
+    while a queue's count stays the same, so do its jobs and all they hold: a pass may keep
+    what it read of it. Other changes (`update`, `pop`, ...) count for every queue (`epoch`)."""
+
+    def __init__(self, iterable: Iterable[JobState] = (),
+                 key: Callable[[JobState], tuple] | None = None) -> None:
+        self.changes: collections.Counter[int] = collections.Counter()
+        self.epoch = 0
+        super().__init__(iterable, key=key)
+
+    def add(self, value: JobState) -> None:
+        self.changes[self.key(value)[0]] += 1
+        super().add(value)
+
+    def remove(self, value: JobState) -> None:
+        self.changes[self.key(value)[0]] += 1
+        super().remove(value)
+
+    def discard(self, value: JobState) -> None:
+        self.changes[self.key(value)[0]] += 1
+        super().discard(value)
+
+    def _bulk(name: str) -> Callable:  # type: ignore[misc]  # (a helper of the class body)
+        def counted(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+            self.epoch += 1
+            return getattr(SortedKeyList, name)(self, *args, **kwargs)
+        return counted
+
+    update = _bulk("update")
+    clear = _bulk("clear")
+    pop = _bulk("pop")
+    __delitem__ = _bulk("__delitem__")
+    __iadd__ = _bulk("__iadd__")
+    __imul__ = _bulk("__imul__")
+    del _bulk
+
+
+class _Oldest:
+    """The oldest jobs of one lower queue and their starvation limits, as read from `queue`
+    when it had made `changes` to that queue. Sorted by limit only when a pass needs it
+    (some limit is due)."""
+
+    __slots__ = ("by_limit", "changes", "jobs", "limits", "low", "queue")
+
+    def __init__(self, queue: Sequence[JobState], q: int, jobs: list[JobState],
+                 factor: float) -> None:
+        self.queue, self.changes = queue, _changes(queue, q)
+        self.jobs = jobs
+        self.limits = [js.pending_since + factor * js.executed for js in jobs]
+        self.low = min(self.limits)
+        self.by_limit: tuple[list[float], list[JobState]] | None = None
+
+    def unchanged(self, queue: Sequence[JobState], q: int) -> bool:
+        """Whether `queue`'s queue q is as it was when this was read."""
+        return queue is self.queue and self.changes is not None \
+            and _changes(queue, q) == self.changes
+
+    def due(self, cut: float) -> list[JobState]:
+        """The jobs whose limit is at or before `cut` (promoted)."""
+        if self.low > cut:
+            return []  # the common case
+        limits, jobs = self._by_limit()
+        return jobs[:bisect.bisect_right(limits, cut)]
+
+    def next_after(self, cut: float, started: list[JobState]) -> float | None:
+        """The earliest limit after `cut` of a job not `started` (by identity)."""
+        if self.low > cut and not (started and any(js in self.jobs for js in started)):
+            return self.low  # the common case
+        limits, jobs = self._by_limit()
+        i = bisect.bisect_right(limits, cut)
+        for t, js in zip(limits[i:], jobs[i:]):
+            if not started or all(js is not s for s in started):
+                return t
+        return None
+
+    def _by_limit(self) -> tuple[list[float], list[JobState]]:
+        """The limits in order, and the jobs in that order; sorted once."""
+        if self.by_limit is None:
+            order = sorted(range(len(self.limits)), key=self.limits.__getitem__)
+            self.by_limit = ([self.limits[i] for i in order], [self.jobs[i] for i in order])
+        return self.by_limit
+
+
+def _changes(queue: Sequence[JobState], q: int) -> tuple[int, int] | None:
+    """The count of changes to `queue`'s queue q (with its bulk changes); None if it keeps
+    no count."""
+    if not isinstance(queue, _CountedQueue):
+        return None
+    return queue.epoch, queue.changes[q]
 
 
 def _walk(pending: Sequence[JobState], lo: int, hi: int) -> Iterator[JobState]:
