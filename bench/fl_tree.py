@@ -16,6 +16,12 @@ tree, each upload is received straight into a shared-memory slot (`landing`) and
 there; flat, into a plain buffer that the server folds. Time: from handing out the N tasks to the
 mean, the median of --repeat warm rounds (the upload is in it, as in a server's round).
 
+With --nodes K (Part 1c), also the tree over K nodes, LIFL's level per node: a process per
+node (a middle aggregator) with its own --clients/K gRPC clients and --node-leaves leaves folding
+its share of the N updates in shared memory; each node sends the top one update (the weighted
+mean and the weight, as `plinth fl aggregator` does), and the top folds K. On one machine the
+nodes share its cores; what crosses between them is one update a node.
+
 Part 2, resources per round with client counts varying 10x across rounds (--counts): the
 elastic tree (`leaves: auto`, at most --max-leaves, sized each round by `size_tree` with
 --deadline) against an always-on tree of --max-leaves leaves. CPU-seconds: this process plus
@@ -28,6 +34,7 @@ kernel, and a BLAS pool would only fight it for the cores.
 
     .venv/bin/python bench/fl_tree.py [--params 1e6,1e7] [--updates 100,1000] [--json out.json]
     .venv/bin/python bench/fl_tree.py --only grpc --params 1e6,1e7 --updates 100 --leaves 1,2
+    .venv/bin/python bench/fl_tree.py --only grpc --leaves 1 --nodes 2 --node-leaves 1
 """
 
 from __future__ import annotations
@@ -101,9 +108,16 @@ def _push_clients(addr: str, clients: int, params: int, pool_mb: float) -> None:
         t.join()
 
 
-def grpc_round(transport: GrpcTransport, acc, cids: list[str], n: int) -> float:
+def joined(transport: GrpcTransport, n: int, who: str, timeout: float = 120) -> list[str]:
+    """The ids of the `n` clients that join `transport`, once they have."""
+    if not transport.wait_for(n, timeout):
+        raise RuntimeError(f"{who} did not join within {timeout:g} s")
+    return sorted(c.cid for c in transport.clients())
+
+
+def grpc_round(transport: GrpcTransport, acc, cids: list[str], n: int) -> tuple[float, list]:
     """One round as `Server.fit_round` runs it over the transport: the N replies folded as
-    they complete (decode, `add_many`), then `mean()`."""
+    they complete (decode, `add_many`), then `mean()`; its seconds and the mean."""
     t = time.perf_counter()
     # a tree receives into its slots (getattr: so that this bench runs on an older checkout)
     transport.landing = getattr(acc, "landing", None)
@@ -117,9 +131,10 @@ def grpc_round(transport: GrpcTransport, acc, cids: list[str], n: int) -> float:
         del done, f, res  # the replies go once folded: the transport bounds the ones held
         assert not acc.add_many(items)
         del items
-    assert acc.mean() is not None and acc.count == n
+    mean = acc.mean()
+    assert mean is not None and acc.count == n
     transport.landing = None
-    return time.perf_counter() - t
+    return time.perf_counter() - t, mean
 
 
 def time_grpc(params: int, updates: list[int], leaves: list[str], *, clients: int,
@@ -132,15 +147,13 @@ def time_grpc(params: int, updates: list[int], leaves: list[str], *, clients: in
     ta = TreeAggregation(pool[0], leaves=1, max_leaves=8, fold_deadline=0.5)
     out = []
     try:
-        if not transport.wait_for(clients, 120):
-            raise RuntimeError("the gRPC clients did not join")
-        cids = sorted(c.cid for c in transport.clients())
+        cids = joined(transport, clients, "the gRPC clients")
         for n in updates:
             rep = repeat if n * params <= 1e9 else 1
             times = []
             for _ in range(rep + 1):
                 acc = StreamingAggregator(pool[0])
-                times.append(grpc_round(transport, acc, cids, n))
+                times.append(grpc_round(transport, acc, cids, n)[0])
                 acc.close()
             flat = statistics.median(times[1:])
             out.append({"params": params, "updates": n, "mode": "grpc flat", "leaves": 0,
@@ -153,7 +166,7 @@ def time_grpc(params: int, updates: list[int], leaves: list[str], *, clients: in
                     acc = ta.begin(pool[0], n)
                     ta.tree.wait_ready(120)
                     used = ta.tree.leaves
-                    times.append(grpc_round(transport, acc, cids, n))
+                    times.append(grpc_round(transport, acc, cids, n)[0])
                     acc.close()
                 sec = statistics.median(times[1:])
                 out.append({"params": params, "updates": n, "mode": f"grpc tree {lv}",
@@ -164,6 +177,76 @@ def time_grpc(params: int, updates: list[int], leaves: list[str], *, clients: in
         ta.close()
         transport.close()
         proc.join(30)
+    return out
+
+
+def _node(top: str, name: str, clients: int, params: int, pool_mb: float, leaves: int) -> None:
+    """One node of a multi-node tree (in its own process): its middle aggregator's gRPC clients
+    push to it, its `leaves` fold their updates in shared memory, and it answers the top with
+    one update, their weighted mean with their total weight (what `MiddleAggregator` sends)."""
+    with threadpool_limits(limits=1):
+        template = make_pool(params, 0)[0]
+        transport = GrpcTransport("127.0.0.1:0")
+        proc = mp.get_context("spawn").Process(
+            target=_push_clients, args=(f"127.0.0.1:{transport.port}", clients, params, pool_mb))
+        proc.start()
+        ta = TreeAggregation(template, leaves=leaves, max_leaves=8, fold_deadline=0.5)
+        try:
+            cids = joined(transport, clients, f"{name}: the gRPC clients")
+
+            def handle(payload: bytes) -> bytearray:
+                acc = ta.begin(template, int(payload))
+                ta.tree.wait_ready(120)
+                _, mean = grpc_round(transport, acc, cids, int(payload))
+                total = acc.total_weight
+                acc.close()
+                return serde.encode(FitRes(1, mean, round(total), {}))
+
+            GrpcClient(top, client_id=name).serve(handle)
+        finally:
+            ta.close()
+            transport.close()
+            proc.join(30)
+
+
+def time_nodes(params: int, updates: list[int], *, nodes: int, leaves: int, clients: int,
+               pool_mb: float, repeat: int, console: Console) -> list[dict]:
+    """The tree over `nodes` nodes: a node process each (its middle, its clients, its leaves),
+    the N updates shared between them; the top folds one update a node. Time: from handing the
+    nodes their tasks to the top's mean."""
+    template = make_pool(params, 0)[0]
+    top = GrpcTransport("127.0.0.1:0")
+    procs = [mp.get_context("spawn").Process(
+        target=_node, args=(f"127.0.0.1:{top.port}", f"node-{k}", max(1, clients // nodes),
+                            params, pool_mb, leaves)) for k in range(nodes)]
+    for proc in procs:
+        proc.start()
+    out = []
+    try:
+        names = joined(top, nodes, "the nodes", timeout=300)
+        for n in updates:
+            rep = repeat if n * params <= 1e9 else 1
+            times = []
+            for _ in range(rep + 1):
+                t = time.perf_counter()
+                futures = [top.submit(names[k], str(len(range(k, n, nodes))).encode())
+                           for k in range(nodes)]
+                acc = StreamingAggregator(template)
+                for f in futures:
+                    res = serde.decode(f.result(), expect=FitRes)
+                    assert not acc.add_many([(res.update, float(res.num_examples))])
+                assert acc.mean() is not None
+                times.append(time.perf_counter() - t)
+                acc.close()
+            sec = statistics.median(times[1:])
+            out.append({"params": params, "updates": n, "mode": f"grpc {nodes} nodes",
+                        "leaves": leaves * nodes, "seconds": sec})
+            console.print(f"{params:>10,} x {n:>5}  grpc {nodes} nodes x {leaves} leaves "
+                          f"{sec:8.3f} s")
+    finally:
+        top.close()
+        for proc in procs:
+            proc.join(60)
     return out
 
 
@@ -272,6 +355,9 @@ def main() -> None:
     ap.add_argument("--max-leaves", type=int, default=4)
     ap.add_argument("--deadline", type=float, default=0.05)
     ap.add_argument("--clients", type=int, default=4, help="gRPC clients (--only grpc)")
+    ap.add_argument("--nodes", type=int, default=0, help="with --only grpc: also the tree "
+                    "over this many nodes (a process each), --node-leaves leaves a node")
+    ap.add_argument("--node-leaves", type=int, default=1)
     ap.add_argument("--only", choices=("time", "elastic", "grpc"), default=None)
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
@@ -286,6 +372,12 @@ def main() -> None:
                                          if (float(p), float(x)) not in skip],
                                      args.leaves.split(","), clients=args.clients,
                                      pool_mb=args.pool_mb, repeat=args.repeat, console=console)
+            if args.nodes:
+                res["time"] += time_nodes(p, [int(x) for x in args.updates.split(",")
+                                              if (float(p), float(x)) not in skip],
+                                          nodes=args.nodes, leaves=args.node_leaves,
+                                          clients=args.clients, pool_mb=args.pool_mb,
+                                          repeat=args.repeat, console=console)
         for p in params if args.only in (None, "time") else []:
             pool = make_pool(p, args.pool_mb)
             ta = TreeAggregation(pool[0], leaves=1, max_leaves=8, fold_deadline=0.5)

@@ -58,6 +58,29 @@ def test_a_colocated_unit_waits_for_its_partner_then_is_pinned_to_its_node() -> 
     assert reconcile([server, leaf], moved) == ([], [2])  # off its partner's node: replaced
 
 
+def test_units_kept_apart_go_one_at_a_time_each_to_a_node_the_others_are_not_on() -> None:
+    s = spec()
+    nodes = ["n1", "n2", "n3"]
+    a, b = Unit("middle-0", s, apart_from=("middle-1",)), Unit("middle-1", s,
+                                                               apart_from=("middle-0",))
+    (first,), _ = reconcile([a, b], {}, nodes)  # the first listed goes first, anywhere
+    assert first.name == "middle-0" and first.spec.nodelist == nodes
+    pending = {"middle-0": Observed("middle-0", 1, State.PENDING)}
+    assert reconcile([a, b], pending, nodes) == ([], [])  # not while it is being placed
+    placed = {"middle-0": Observed("middle-0", 1, State.RUNNING, node="n2")}
+    (second,), _ = reconcile([a, b], placed, nodes)
+    assert second.name == "middle-1" and second.spec.nodelist == ["n1", "n3"]
+    # the first is replaced after the second was placed: it keeps off the second's node
+    lost = {"middle-0": Observed("middle-0", 1, State.FAILED),
+            "middle-1": Observed("middle-1", 2, State.RUNNING, node="n1")}
+    (again,), _ = reconcile([a, b], lost, nodes)
+    assert again.name == "middle-0" and again.spec.nodelist == ["n2", "n3"]
+    # no node left for it: it waits (the controller refuses such a task when it is submitted)
+    assert reconcile([a, b], placed, ["n2"]) == ([], [])
+    with pytest.raises(SpecError, match=r"units\[middle-0\]\.apart_from: 'm' is not"):
+        reconcile([Unit("middle-0", s, apart_from=("m",))], {}, nodes)
+
+
 def test_kinds_the_control_plane_does_not_run_name_their_command():
     cluster = load_spec("examples/cluster.yaml")
     with pytest.raises(SpecError, match=r"^kind: the control plane does not run Cluster specs "

@@ -117,6 +117,17 @@ def test_no_leaf_joining_is_a_one_line_error(sock):
         Hierarchy(X0, leaves=1, listen=path, token=TOKEN, join_timeout=0.5)
 
 
+def test_a_tree_no_leaf_joined_frees_its_port_for_the_next_round():
+    # a middle aggregator whose leaves could not be placed in time tries again next round on
+    # the same address: its first listener's accepting thread must not still hold the port
+    from plinth.core.net import free_port
+
+    address = f"127.0.0.1:{free_port('127.0.0.1')}"
+    for _ in range(2):
+        with pytest.raises(PlinthError, match="no aggregator leaf joined .* within 0.2s"):
+            Hierarchy(X0, leaves=1, listen=address, token=TOKEN, join_timeout=0.2)
+
+
 @pytest.mark.parametrize(("aggregation", "field"), [
     ({"mode": "tree", "leaf_listen": "10.0.0.5:7070", "leaf_token_file": "t"},
      "server.aggregation.leaf_listen"),

@@ -16,6 +16,7 @@ from conftest import EXAMPLES, PY, wait_for
 from ray_cluster import HEAD, WORKER
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "control"))  # the FL task tests' helpers
+from test_fl_middle_task import run_middle_task
 from test_fl_tasks import run_tree_task
 
 from plinth.cli.quickstart import kill_jobs, start_server, stop_server
@@ -195,3 +196,13 @@ def test_a_tree_fl_tasks_leaf_aggregators_run_on_the_servers_ray_node(ray_cluste
                          "--runtime", "ray", "--ray-address", ray_cluster.address,
                          fake_gpus=None)
     assert node in (HEAD.name, WORKER.name)
+
+
+def test_an_fl_tasks_middle_aggregators_run_one_on_each_ray_node(ray_cluster, tmp_path):
+    """LIFL's per-node level on the 2-node Ray cluster: the task's two middle aggregators are
+    placed one on each Ray node, each with its leaf on its node (the checks of the local
+    runtime's test in tests/control/test_fl_middle_task.py)."""
+    placed = run_middle_task(tmp_path, lambda cond, timeout, what: wait_for(cond, what, timeout),
+                             "--runtime", "ray", "--ray-address", ray_cluster.address,
+                             fake_gpus=None)
+    assert {placed["middle-0"], placed["middle-1"]} == {HEAD.name, WORKER.name}, placed

@@ -225,6 +225,11 @@ def aggregator(
         "aggregator",
     token: Annotated[str | None, typer.Option(help="Upstream token (or $PLINTH_FL_TOKEN).")]
         = None,
+    token_file: Annotated[str | None, typer.Option(help="Or read the upstream token from "
+                                                        "this file.")] = None,
+    status_dir: Annotated[str | None, typer.Option(help="With server.aggregation.mode: tree, "
+                                                        "write each round's tree.json here.")]
+        = None,
     tokens: TokensOpt = None,
     no_tokens: NoTokensOpt = False,
     tls: TlsOpt = None,
@@ -237,8 +242,13 @@ def aggregator(
         console.print(f"aggregator {name}: listening on port {port}; waiting for {clients} "
                       f"clients", highlight=False)
 
+    if token_file is not None:
+        try:
+            token = Path(token_file).read_text().strip()
+        except OSError as e:
+            raise SpecError(f"--token-file: cannot read {token_file} ({e.strerror})") from None
     ran = run_aggregator(app_yaml, server=server, address=address, clients=clients, name=name,
-                         token=token, on_listen=listening,
+                         token=token, status_dir=status_dir, on_listen=listening,
                          overrides=_transport_overrides(tokens, tls),
                          require_tokens=not no_tokens)
     console.print(f"aggregator {name}: {ran} tasks done; the server has finished")

@@ -374,6 +374,10 @@ def show_workload(w: dict) -> None:
                       f"{st.pop('round', 0)} of {st.pop('rounds', '?')}; last round: "
                       f"{st.pop('participants', 0)} participants, {st.pop('updates', 0)} "
                       f"updates, {st.pop('failures', 0)} failures", highlight=False)
+        for m in st.pop("middles", []):  # LIFL's per-node aggregators
+            console.print(f"  {m['name']}: clients with cid mod {len(w['status']['middles'])} "
+                          f"= {m['name'].rsplit('-', 1)[1]} ({m['clients']}) connect to "
+                          f"{m['address']}", highlight=False)
         if st.get("epsilon") is not None:
             console.print(f"privacy: ε {st.pop('epsilon'):.3g} spent of "
                           f"{st.pop('epsilon_budget', None) or '?'}", highlight=False)

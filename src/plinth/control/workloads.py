@@ -187,7 +187,9 @@ class Workloads:
             getattr(ctl, "unit_ended", lambda *_: None)(w, unit)
         if ended:
             self.cp.store.update_workload(w.id, status=w.status)
-        add, drop = reconcile(ctl.units(w, observed, now), observed)
+        down = self.cp.owner.down.nodes  # a node that has left is no place for a unit
+        nodes = [n.name for i, n in enumerate(self.cp.cluster.nodes) if i not in down]
+        add, drop = reconcile(ctl.units(w, observed, now), observed, nodes)
         for job_id in drop:
             try:
                 self.cp.cancel(job_id)

@@ -118,6 +118,11 @@ class AggregationSpec(_Spec):
     leaf_listen: str | None = None
     leaf_token_file: str | None = None
     leaf_join_timeout: float = Field(default=60.0, gt=0)
+    # In an FLTask: this many middle aggregators, each on its own node with its own leaves (a
+    # tree of the settings above): client `cid` joins middle `cid mod middles` (addresses in
+    # `plinth show TASK`), and the server folds one update per middle. 0: clients join the
+    # server, whose node holds the leaves.
+    middles: int = Field(default=0, ge=0)
 
     @field_validator("leaf_listen")
     @classmethod
@@ -142,6 +147,9 @@ class AggregationSpec(_Spec):
         if (self.leaf_listen is None) != (self.leaf_token_file is None):
             raise ValueError("leaf_listen and leaf_token_file go together (external leaves "
                              "join with the task's token)")
+        if self.middles and self.mode != "tree":
+            raise ValueError("middles: middle aggregators are part of the tree "
+                             "(server.aggregation.mode: tree)")
         if self.leaves != "auto" and "max_leaves" not in self.model_fields_set:
             self.max_leaves = max(self.max_leaves, self.leaves)  # a fixed tree sets its own cap
         if self.leaves != "auto" and self.leaves > self.max_leaves:

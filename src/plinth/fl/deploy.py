@@ -37,6 +37,10 @@ def run_server(app_path: str, *, address: str, rounds: int | None = None, resume
                require_tokens: bool = True) -> dict[str, Any]:
     spec = load_app(app_path, {**(overrides or {}), "server.rounds": rounds})
     refuse_seeded_noise(spec, app_path, "plinth fl server")
+    if spec.server.aggregation.middles:
+        raise SpecError(f"{app_path}: server.aggregation.middles: only an FLTask's controller "
+                        f"starts middle aggregators; by hand, start `plinth fl aggregator` on "
+                        f"each machine and leave middles out")
     ckpt = Checkpointer(spec.resolve(spec.checkpoint_dir)) if spec.checkpoint_dir else None
     if resume and ckpt is None:
         raise SpecError("--resume needs checkpoint_dir in the app or --checkpoint")
@@ -123,11 +127,13 @@ def _dial(spec: AppSpec, server: str, client_id: str, token: str | None,
 
 
 def run_aggregator(app_path: str, *, server: str, address: str, clients: int, name: str,
-                   token: str | None = None,
+                   token: str | None = None, status_dir: str | None = None,
                    on_listen: Callable[[int], None] | None = None,
                    overrides: dict[str, Any] | None = None, require_tokens: bool = True) -> int:
     """A machine's middle aggregator (`plinth.fl.aggregate.middle`): `clients` clients join it
-    on `address`; it joins `server` as one client named `name` and sends one update per task."""
+    on `address`; it joins `server` as one client named `name` and sends one update per task.
+    With `server.aggregation.mode: tree` in the app, the machine's leaves fold its clients'
+    updates, and each round's tree is published as `tree.json` in `status_dir`."""
     from plinth.fl.aggregate.middle import MiddleAggregator
 
     parse_address(server)
@@ -136,7 +142,9 @@ def run_aggregator(app_path: str, *, server: str, address: str, clients: int, na
             or spec.privacy.dp is not None or spec.consent is not None:
         raise SpecError(f"{app_path}: an aggregator forwards one mean per machine; SecAgg, DP, "
                         f"robust rules and consent need each client's update at the server")
+    agg = spec.server.aggregation
     downstream = _listen(spec, app_path, address, require_tokens=require_tokens)
+    middle = None
     try:
         if on_listen is not None:
             on_listen(downstream.port)
@@ -144,11 +152,15 @@ def run_aggregator(app_path: str, *, server: str, address: str, clients: int, na
         middle = MiddleAggregator(downstream, clients=clients,
                                   straggler_timeout=0.9 * spec.server.straggler_timeout,
                                   wait_timeout=spec.server.wait_timeout,
-                                  threads=spec.server.aggregation_threads)
+                                  threads=spec.server.aggregation_threads,
+                                  aggregation=agg if agg.mode == "tree" else None,
+                                  status=Checkpointer(status_dir) if status_dir else None)
         examples = middle.wait_for_clients()
         up = _dial(spec, server, name, token, {"num_examples": examples, "aggregator": True})
         return up.serve(middle.handle)
     finally:
+        if middle is not None:
+            middle.relay.close()
         downstream.close()
 
 

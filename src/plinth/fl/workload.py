@@ -16,6 +16,12 @@ with a token the controller writes into the task's folder. They are placed on th
 through shared memory. The server sizes the tree each round (`size_tree`, published in its
 `tree.json`); the controller keeps that many leaf units and one warm spare, up to `max_leaves`.
 
+With `server.aggregation.middles: N` the tree has a level per node, as in LIFL: N middle
+aggregator units `middle-0..N-1` (`plinth fl aggregator`), each kept on a node of its own
+(`apart_from`), each with leaf units `middle-K.leaf-J` on its node, sized by its own
+`tree.json` as above. Client `cid` joins middle `cid mod N` with its token; the middles join
+the server with tokens the controller writes, so the server folds one update per node.
+
 Each second the controller reads the rounds the server has committed (its checkpoint's
 `meta.sqlite`) into the task's status: the round, accuracy per round, participants, failures
 and the privacy budget spent, which `plinth show TASK` prints. The task succeeds when its
@@ -45,6 +51,7 @@ MAX_RESTARTS = 3
 RECENT_ROUNDS = 50  # accuracy per round kept in the status (the checkpoint has them all)
 WARM_LEAVES = 1  # leaf units kept beyond the round's tree, ready for the next
 LEAF = Resources(cpus=0.25, memory=512)  # per leaf aggregator unit: LIFL packs them by CPU
+MIDDLE = Resources(cpus=0.5, memory=1024)  # per middle aggregator unit (it relays and routes)
 
 
 class FLTaskController:
@@ -68,6 +75,14 @@ class FLTaskController:
         tokens = Path(spec.resolve(spec.transport.tokens) or "")
         if not tokens.is_file():
             raise SpecError(f"transport.tokens: no such file {str(tokens)!r}")
+        middles = spec.server.aggregation.middles
+        nodes = len(self.cp.cluster.nodes)
+        if middles > nodes:
+            raise SpecError(f"server.aggregation.middles: {middles} middle aggregators need a "
+                            f"node each, and the cluster has {nodes}")
+        if middles > spec.data.clients:
+            raise SpecError(f"server.aggregation.middles: {middles} middle aggregators for "
+                            f"{spec.data.clients} clients (data.clients) leave one without any")
 
     def _dir(self, w: Workload) -> Path:
         return self.cp.workload_dir(w.id, w.tenant)
@@ -86,21 +101,59 @@ class FLTaskController:
             t["tls"] = {k: w.spec.resolve(v) for k, v in t["tls"].items()}
         if doc.get("consent"):
             doc["consent"]["registry"] = w.spec.resolve(doc["consent"]["registry"])
-        owner = self._dir(w).stat()
         if self._leaves(w):  # the tree's leaves are this task's units: they join here
-            token = self._dir(w) / "leaf.token"
-            if not token.exists():
-                token.write_text(secrets.token_urlsafe(32))
-                token.chmod(0o600)
-                os.chown(token, owner.st_uid, owner.st_gid)
             w.status.setdefault("leaf_address", f"127.0.0.1:{free_port('127.0.0.1')}")
             doc["server"]["aggregation"] |= {"leaf_listen": w.status["leaf_address"],
-                                             "leaf_token_file": str(token)}
-        app = self._dir(w) / "app.yaml"
-        app.write_text(yaml.safe_dump(doc, sort_keys=False))
-        os.chown(app, owner.st_uid, owner.st_gid)
+                                             "leaf_token_file": self._token(w, "leaf.token")}
+        if doc["server"]["aggregation"]["middles"]:
+            self._middle_apps(w, doc)
+        self._write(w, "app.yaml", yaml.safe_dump(doc, sort_keys=False))
         w.status.setdefault("round", 0)
         w.status.setdefault("rounds", w.spec.server.rounds)
+
+    def _write(self, w: Workload, name: str, text: str, mode: int = 0o644) -> str:
+        """Write a file of the task's folder, owned by the task's tenant; its path."""
+        d = self._dir(w)
+        owner = d.stat()
+        path = d / name
+        if not path.parent.exists():
+            path.parent.mkdir()
+            os.chown(path.parent, owner.st_uid, owner.st_gid)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)  # never readable wider
+        with os.fdopen(fd, "w") as f:
+            os.fchmod(fd, mode)
+            os.fchown(fd, owner.st_uid, owner.st_gid)
+            f.write(text)
+        return str(path)
+
+    def _token(self, w: Workload, name: str) -> str:
+        """A token file of the task's folder, made once from the OS CSPRNG; its path."""
+        path = self._dir(w) / name
+        return str(path) if path.exists() else \
+            self._write(w, name, secrets.token_urlsafe(32), 0o600)
+
+    def _middle_apps(self, w: Workload, doc: dict[str, Any]) -> None:
+        """With middles: each middle's app (its tree of leaves, the clients' tokens), and the
+        server's (every middle joins it each round with a token of its own)."""
+        n, agg = doc["server"]["aggregation"]["middles"], doc["server"]["aggregation"]
+        clients = w.spec.data.clients
+        w.status.setdefault("middles", [
+            {"name": f"middle-{k}", "address": f"{self.host}:{free_port(self.host)}",
+             "leaf_address": f"127.0.0.1:{free_port('127.0.0.1')}",
+             "clients": len(range(k, clients, n))} for k in range(n)])
+        upstream = []
+        for m in w.status["middles"]:
+            name = m["name"]
+            token = self._token(w, f"{name}/upstream.token")
+            upstream.append(f"{name} {Path(token).read_text().strip()}")
+            mid = {**doc, "server": {**doc["server"], "aggregation": {
+                **agg, "middles": 0, "leaf_listen": m["leaf_address"],
+                "leaf_token_file": self._token(w, f"{name}/leaf.token")}}}
+            self._write(w, f"{name}/app.yaml", yaml.safe_dump(mid, sort_keys=False))
+        doc["server"] |= {"fraction": 1.0, "min_clients": 1, "min_available": n,
+                          "aggregation": {"mode": "stream"}}
+        doc["transport"] = {**doc["transport"], "tokens": self._write(
+            w, "middles.tokens", "\n".join(upstream) + "\n", 0o600)}
 
     def units(self, w: Workload, observed: Mapping[str, Observed], now: float) -> list[Unit]:
         server = observed.get("server")
@@ -117,37 +170,54 @@ class FLTaskController:
         command = [sys.executable, "-m", "plinth.cli.main", "fl", "server", str(d / "app.yaml"),
                    "--address", w.status["address"], "--checkpoint", str(d / "server"),
                    "--resume", "--json", str(d / "results.json")]
-        spec = JobSpec(name=f"{w.name}.server", tenant=w.tenant, command=command,
-                       resources=w.spec.resources, priority=w.spec.priority,
-                       preemptible=False, env={"OMP_NUM_THREADS": "1"})
-        out = [Unit("server", spec)]
-        if self._leaves(w) and (server is None or not server.state.terminal):
-            leaf = [sys.executable, "-m", "plinth.cli.main", "fl", "leaf", "--connect",
-                    w.status["leaf_address"], "--token-file", str(d / "leaf.token")]
-            out += [Unit(f"leaf-{k}", JobSpec(name=f"{w.name}.leaf-{k}", tenant=w.tenant,
-                                              command=leaf, resources=LEAF,
-                                              priority=w.spec.priority, preemptible=False,
-                                              env={"OMP_NUM_THREADS": "1"}),
-                         colocate_with="server")
-                    for k in range(self._leaf_units(w))]
+        out = [Unit("server", self._job(w, "server", command, w.spec.resources))]
+        if server is not None and server.state.terminal:
+            return out
+        if self._leaves(w):
+            out += self._leaf_units(w, "server", w.status["leaf_address"], d)
+        middles = [m["name"] for m in w.status.get("middles", [])]
+        for m in w.status.get("middles", []):
+            name, md = m["name"], d / m["name"]
+            o = observed.get(name)
+            if o is not None and o.state is State.SUCCEEDED:
+                continue  # the server has ended the task for it
+            command = [sys.executable, "-m", "plinth.cli.main", "fl", "aggregator",
+                       str(md / "app.yaml"), "--server", w.status["address"], "--address",
+                       m["address"], "--clients", str(m["clients"]), "--name", name,
+                       "--token-file", str(md / "upstream.token"), "--status-dir", str(md)]
+            out.append(Unit(name, self._job(w, name, command, MIDDLE),
+                            apart_from=tuple(x for x in middles if x != name)))
+            out += self._leaf_units(w, name, m["leaf_address"], md)
         return out
+
+    def _job(self, w: Workload, unit: str, command: list[str], resources: Resources) -> JobSpec:
+        return JobSpec(name=f"{w.name}.{unit}", tenant=w.tenant, command=command,
+                       resources=resources, priority=w.spec.priority, preemptible=False,
+                       env={"OMP_NUM_THREADS": "1"})
+
+    def _leaf_units(self, w: Workload, parent: str, address: str, folder: Path) -> list[Unit]:
+        """The leaves of `parent` (the server, or a middle), on its node: the round's tree
+        (its `tree.json` in `folder`) and a warm spare, at most max_leaves; before the first
+        round, the tree's first size and the spare."""
+        agg = w.spec.server.aggregation
+        shape = folder / "server" / "tree.json" if parent == "server" else folder / "tree.json"
+        try:
+            want = int(json.loads(shape.read_text())["leaves"])
+        except (OSError, ValueError, KeyError, TypeError):
+            want = 1 if agg.leaves == "auto" else agg.leaves
+        command = [sys.executable, "-m", "plinth.cli.main", "fl", "leaf", "--connect", address,
+                   "--token-file", str(folder / "leaf.token")]
+        prefix = "" if parent == "server" else f"{parent}."
+        return [Unit(f"{prefix}leaf-{k}", self._job(w, f"{prefix}leaf-{k}", command, LEAF),
+                     colocate_with=parent)
+                for k in range(min(agg.max_leaves, want + WARM_LEAVES))]
 
     @staticmethod
     def _leaves(w: Workload) -> bool:
-        """Whether the task's tree leaves are its own units."""
+        """Whether the server's tree leaves are the task's units (with middles, the middles'
+        leaves are)."""
         agg = w.spec.server.aggregation
-        return agg.mode == "tree" and agg.leaf_listen is None
-
-    def _leaf_units(self, w: Workload) -> int:
-        """The round's tree (the server's `tree.json`) and a warm spare, at most max_leaves;
-        before the first round, the tree's first size and the spare."""
-        agg = w.spec.server.aggregation
-        try:
-            shape = json.loads((self._dir(w) / "server" / "tree.json").read_text())
-            want = int(shape["leaves"])
-        except (OSError, ValueError, KeyError, TypeError):
-            want = 1 if agg.leaves == "auto" else agg.leaves
-        return min(agg.max_leaves, want + WARM_LEAVES)
+        return agg.mode == "tree" and agg.leaf_listen is None and not agg.middles
 
     def finished(self, w: Workload, observed: Mapping[str, Observed]) -> str | None:
         server = observed.get("server")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import socket
 import threading
 import time
 from multiprocessing import connection, shared_memory
@@ -119,15 +120,18 @@ class LeafRegistry:
         self.address = f"{addr[0]}:{addr[1]}" if isinstance(addr, tuple) else str(addr)
         self.joined: queue.Queue[tuple[Any, int]] = queue.Queue()
         self.refused = 0  # joins with a wrong token
+        self._closing = False
         self._thread = threading.Thread(target=self._accept, daemon=True,
                                         name="fl-leaf-registry")
         self._thread.start()
 
     def _accept(self) -> None:
-        while True:
+        while not self._closing:
             try:
                 conn = self.listener.accept()  # the HMAC challenge runs here
             except (connection.AuthenticationError, EOFError, ConnectionError) as e:
+                if self._closing:
+                    return
                 self.refused += 1
                 log.warning("aggregator registry: a leaf was refused (%s)", e)
                 continue
@@ -146,6 +150,23 @@ class LeafRegistry:
             self.joined.put((conn, int(pid)))
 
     def close(self) -> None:
+        """Stop accepting, and free the address. A thread blocked in accept() keeps the socket
+        (and its port) open after the listener is closed, so it is woken first by a connection
+        that says nothing."""
+        if self._closing:
+            return
+        self._closing = True
+        addr = self.listener.address
+        try:
+            if isinstance(addr, tuple):
+                socket.create_connection(addr[:2], timeout=1).close()
+            else:
+                with socket.socket(socket.AF_UNIX) as s:
+                    s.settimeout(1)
+                    s.connect(addr)
+        except OSError:
+            pass
+        self._thread.join(5)
         self.listener.close()
 
 

@@ -27,7 +27,8 @@ from typing import Any
 
 from plinth.core.errors import PlinthError
 from plinth.fl import serde
-from plinth.fl.app import ServerSpec
+from plinth.fl.app import AggregationSpec, ServerSpec
+from plinth.fl.checkpoint import Checkpointer
 from plinth.fl.messages import (
     Config,
     ErrorRes,
@@ -77,16 +78,21 @@ class MiddleAggregator:
     """Serves the tasks of an upstream server on the clients joined to `downstream`."""
 
     def __init__(self, downstream: Any, *, clients: int, straggler_timeout: float = 600.0,
-                 wait_timeout: float = 600.0, threads: int = 1) -> None:
+                 wait_timeout: float = 600.0, threads: int = 1,
+                 aggregation: AggregationSpec | None = None,
+                 status: Checkpointer | None = None) -> None:
         if clients < 1:
             raise PlinthError(f"--clients: an aggregator needs at least 1 client (got {clients})")
         self.downstream, self.clients = downstream, clients
         self.relay = _Relay(threads)
         # every joined client takes part in every task; once `clients` have joined (see
-        # `wait_for_clients`), a task runs on whoever is still there
+        # `wait_for_clients`), a task runs on whoever is still there. With `aggregation` in
+        # tree mode, the machine's leaves fold them (the round's shape is published to
+        # `status`, where the task's controller reads how many leaf units to keep).
         cfg = ServerSpec(fraction=1.0, min_clients=1, min_available=1,
-                         straggler_timeout=straggler_timeout, wait_timeout=wait_timeout)
-        self.server = Server(self.relay, downstream, cfg)
+                         straggler_timeout=straggler_timeout, wait_timeout=wait_timeout,
+                         aggregation=aggregation or AggregationSpec())
+        self.server = Server(self.relay, downstream, cfg, checkpoint=status)
 
     def wait_for_clients(self) -> int:
         """Block until `clients` have joined; returns their declared examples in all (what this

@@ -62,6 +62,9 @@ def tree_problem(spec: Any) -> str | None:
     if cls.accept is not Strategy.accept:
         return (f"server.aggregation.mode: tree folds batches in leaf processes; "
                 f"{spec.strategy.name!r} vets each update in the server; use mode: stream")
+    if spec.server.aggregation.middles and spec.consent is not None:
+        return ("server.aggregation.middles: consent is checked where a client joins the "
+                "server, and a middle aggregator's clients join it instead; use middles: 0")
     for name, on, why in _REFUSED:
         if on(spec) is not None:
             return f"server.aggregation.mode: tree cannot be combined with {name}: {why}; " \

@@ -1,0 +1,123 @@
+"""An FL task with LIFL's per-node level on a 2-node platform: `server.aggregation.middles: 2`
+makes two middle aggregator units, each on a node of its own, each with its leaf units on its
+node; 4 real client processes join the middle of their cid over gRPC; the server folds one
+update per node each round, and the task ends with every round done and the accuracy of a
+flat run."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from plinth_platform import Platform
+from plinth_platform import run_cli as cli
+from test_fl_tasks import app, start_client, task_platform
+from test_fl_tree_task import jobs_dir
+
+from plinth.core.errors import SpecError
+from plinth.fl.app import parse_app
+from plinth.fl.checkpoint import Checkpointer
+
+ROUNDS, CLIENTS, MIDDLES = 6, 4, 2
+
+
+def run_middle_task(tmp_path: Path, wait_for, *extra: str, fake_gpus: str | None) -> dict:
+    """A task with 2 middles on `plinth up *extra` (a cluster of at least 2 nodes): checks that
+    the middles ran on two nodes, each with its leaves, that the server folded one update a node
+    each round, and that the task ended accurately; returns the node of each unit."""
+    spec = app(tmp_path, clients=CLIENTS)
+    doc = yaml.safe_load(spec.read_text())
+    doc["server"] |= {"rounds": ROUNDS, "aggregation": {"mode": "tree", "max_leaves": 1,
+                                                         "middles": MIDDLES}}
+    # on two fake nodes (one per GPU model), each with half of this machine's 2 CPUs: a node
+    # for each middle (0.5 CPU) and its leaf (0.25), and the server (0.25) beside one of them
+    doc["resources"]["cpus"] = 0.25
+    spec.write_text(yaml.safe_dump(doc))
+    with task_platform(tmp_path, spec, *extra, clients=0, fake_gpus=fake_gpus) as (p, clients):
+        c = p.client()
+        st = c.workload("digits-fl")["status"]
+        middles = st["middles"]
+        assert [m["clients"] for m in middles] == [2, 2]
+        clients += [start_client(spec, middles[cid % MIDDLES]["address"], cid)
+                    for cid in range(CLIENTS)]
+        shown = cli(p, "show", "digits-fl")
+        assert shown.returncode == 0, shown.stderr
+        for m in middles:
+            assert re.search(rf"{m['name']}: clients with cid mod 2 = \d \(2\) connect to "
+                             rf"{m['address']}", shown.stdout), shown.stdout
+
+        def node_of(job_id: int) -> str | None:
+            alloc = c.job(job_id)["allocation"]
+            return alloc["slots"][0]["node_name"] if alloc else None
+
+        placed: dict[str, str] = {}
+
+        def all_placed() -> bool:
+            for u in c.workload("digits-fl")["units"]:
+                if u["state"] == "running" and (node := node_of(u["job_id"])):
+                    placed[u["unit"]] = node
+            return {"middle-0", "middle-1", "middle-0.leaf-0", "middle-1.leaf-0"} <= set(placed)
+
+        wait_for(all_placed, 180, "the middles and a leaf of each to run")
+        assert placed["middle-0"] != placed["middle-1"], placed  # one a node
+        for unit, node in placed.items():
+            if ".leaf-" in unit:  # a middle's leaves share its node
+                assert node == placed[unit.split(".")[0]], placed
+        assert not any(u.startswith("leaf-") for u in placed), placed  # the server has none
+        wait_for(lambda: c.workload("digits-fl")["state"] != "active", 300, "the task to end")
+        done = c.workload("digits-fl")
+        assert done["state"] == "succeeded", done
+        per_round = done["status"]["per_round"]
+        assert [r["round"] for r in per_round] == list(range(1, ROUNDS + 1))
+        # a flat run of this app (`plinth fl sim`, 4 clients, 6 rounds) ends above 0.85
+        assert per_round[-1]["accuracy"] > 0.8, per_round
+        (folder,) = jobs_dir(p).glob("*/workload-*/server")
+        records = Checkpointer(folder).latest().records
+        for r in records:  # one update a node reached the server, from the middles only
+            assert sorted(r["clients"]) == ["middle-0", "middle-1"], r
+            assert r["updates"] == MIDDLES, r
+        for m in middles:  # and each middle folded its clients' updates through its leaves
+            (shape,) = jobs_dir(p).glob(f"*/workload-*/{m['name']}/tree.json")
+            tree = yaml.safe_load(shape.read_text())
+            assert tree["round"] == ROUNDS and tree["leaves"] >= 1, tree
+        return placed
+
+
+@pytest.mark.slow
+def test_middles_are_units_one_a_node_with_their_leaves_and_the_server_folds_one_a_node(
+        tmp_path, wait_for):
+    run_middle_task(tmp_path, wait_for, fake_gpus="2xA100,2xV100")
+
+
+def test_middles_that_cannot_each_have_a_node_or_that_skip_consent_are_refused(tmp_path):
+    spec = app(tmp_path, clients=CLIENTS)
+    doc = yaml.safe_load(spec.read_text())
+    doc["server"] |= {"aggregation": {"mode": "tree", "middles": 3}}
+    spec.write_text(yaml.safe_dump(doc))
+    p = Platform(tmp_path / "home", fake_gpus="2xA100,2xV100").start()
+    try:
+        out = cli(p, "submit", str(spec))
+        assert out.returncode != 0
+        assert "server.aggregation.middles: 3 middle aggregators need a node each, and the " \
+               "cluster has 2" in out.stderr, out.stderr
+        assert p.client().workloads(all=True) == []  # nothing of it was kept
+        # as a flat app by hand, the server says who starts middles
+        doc["server"]["aggregation"]["middles"] = 1
+        spec.write_text(yaml.safe_dump(doc))
+        out = subprocess.run([sys.executable, "-m", "plinth.cli.main", "fl", "server",
+                              str(spec), "--no-tokens"], capture_output=True, text=True,
+                             timeout=120)
+        assert out.returncode != 0 and "only an FLTask's controller starts middle " \
+            "aggregators" in out.stderr, out.stderr
+    finally:
+        p.stop()
+    with pytest.raises(SpecError, match=r"server.aggregation.middles: consent is checked"):
+        parse_app({**doc, "consent": {"registry": "consent.db", "purpose": "research"}},
+                  base_dir=str(tmp_path))
+    with pytest.raises(SpecError, match=r"middles: middle aggregators are part of the tree"):
+        parse_app({**doc, "server": {**doc["server"], "aggregation": {"middles": 2}}},
+                  base_dir=str(tmp_path))
