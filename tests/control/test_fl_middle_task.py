@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 import yaml
 from plinth_platform import Platform
@@ -25,13 +26,20 @@ from plinth.fl.checkpoint import Checkpointer
 ROUNDS, CLIENTS, MIDDLES = 6, 4, 2
 
 
-def run_middle_task(tmp_path: Path, wait_for, *extra: str, fake_gpus: str | None) -> dict:
+def run_middle_task(tmp_path: Path, wait_for, *extra: str, fake_gpus: str | None,
+                    kill: bool = False) -> dict:
     """A task with 2 middles on `plinth up *extra` (a cluster of at least 2 nodes): checks that
     the middles ran on two nodes, each with its leaves, that the server folded one update a node
-    each round, and that the task ended accurately; returns the node of each unit."""
+    each round, and that the task ended accurately; returns the node of each unit. With `kill`,
+    middle-1 is killed (-9) after round 2: it is started again, its clients and the server take
+    it back, and only the rounds it missed lack its update (the round it died in waits for it
+    for the server's straggler timeout, then counts it as a failure)."""
     spec = app(tmp_path, clients=CLIENTS)
     doc = yaml.safe_load(spec.read_text())
-    doc["server"] |= {"rounds": ROUNDS, "aggregation": {"mode": "tree", "max_leaves": 1,
+    rounds = 4 * ROUNDS if kill else ROUNDS  # the kill lands mid-task
+    if kill:  # how long the round a middle dies in waits for it
+        doc["server"]["straggler_timeout"] = 30
+    doc["server"] |= {"rounds": rounds, "aggregation": {"mode": "tree", "max_leaves": 1,
                                                          "middles": MIDDLES}}
     # on two fake nodes (one per GPU model), each with half of this machine's 2 CPUs: a node
     # for each middle (0.5 CPU) and its leaf (0.25), and the server (0.25) beside one of them
@@ -68,22 +76,38 @@ def run_middle_task(tmp_path: Path, wait_for, *extra: str, fake_gpus: str | None
             if ".leaf-" in unit:  # a middle's leaves share its node
                 assert node == placed[unit.split(".")[0]], placed
         assert not any(u.startswith("leaf-") for u in placed), placed  # the server has none
+        if kill:
+            wait_for(lambda: c.workload("digits-fl")["status"]["round"] >= 2, 180, "2 rounds")
+            (unit,) = [u for u in c.workload("digits-fl")["units"] if u["unit"] == "middle-1"]
+            victims = [x for x in psutil.process_iter(["environ"]) if (x.info["environ"] or {})
+                       .get("PLINTH_JOB_ID") == str(unit["job_id"])]
+            assert victims, unit
+            for x in victims:
+                x.kill()
+            assert c.workload("digits-fl")["status"]["round"] < rounds - 2
+            # lost with its process, it is started again (the same unit job's next attempt)
+            wait_for(lambda: c.job(unit["job_id"])["attempt"] >= 2
+                     and c.job(unit["job_id"])["state"] == "running", 120,
+                     "middle-1 to be started again")
         wait_for(lambda: c.workload("digits-fl")["state"] != "active", 300, "the task to end")
         done = c.workload("digits-fl")
         assert done["state"] == "succeeded", done
         per_round = done["status"]["per_round"]
-        assert [r["round"] for r in per_round] == list(range(1, ROUNDS + 1))
+        assert [r["round"] for r in per_round] == list(range(1, rounds + 1))
         # a flat run of this app (`plinth fl sim`, 4 clients, 6 rounds) ends above 0.85
         assert per_round[-1]["accuracy"] > 0.8, per_round
         (folder,) = jobs_dir(p).glob("*/workload-*/server")
         records = Checkpointer(folder).latest().records
         for r in records:  # one update a node reached the server, from the middles only
-            assert sorted(r["clients"]) == ["middle-0", "middle-1"], r
-            assert r["updates"] == MIDDLES, r
+            assert set(r["clients"]) <= {"middle-0", "middle-1"}, r
+            assert r["updates"] + len(r["failures"]) == len(r["clients"]), r  # none vanished
+            assert r["updates"] == MIDDLES or kill and r["round"] > 2, r
+        assert records[-1]["updates"] == MIDDLES, records[-1]  # the replaced middle is back
+        assert not kill or any(r["updates"] < MIDDLES for r in records)  # and was missed
         for m in middles:  # and each middle folded its clients' updates through its leaves
             (shape,) = jobs_dir(p).glob(f"*/workload-*/{m['name']}/tree.json")
             tree = yaml.safe_load(shape.read_text())
-            assert tree["round"] == ROUNDS and tree["leaves"] >= 1, tree
+            assert tree["round"] == rounds and tree["leaves"] >= 1, tree
         return placed
 
 
@@ -91,6 +115,11 @@ def run_middle_task(tmp_path: Path, wait_for, *extra: str, fake_gpus: str | None
 def test_middles_are_units_one_a_node_with_their_leaves_and_the_server_folds_one_a_node(
         tmp_path, wait_for):
     run_middle_task(tmp_path, wait_for, fake_gpus="2xA100,2xV100")
+
+
+@pytest.mark.slow
+def test_a_killed_middle_is_replaced_and_its_node_rejoins_the_task(tmp_path, wait_for):
+    run_middle_task(tmp_path, wait_for, fake_gpus="2xA100,2xV100", kill=True)
 
 
 def test_middles_that_cannot_each_have_a_node_or_that_skip_consent_are_refused(tmp_path):
