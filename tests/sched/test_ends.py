@@ -41,7 +41,7 @@ def from_scratch(owner, now: float, oracle: bool) -> list[tuple[float, int]]:
     """Every running job's expected end from its current progress (the formula the index
     replaces), by end then id."""
     ends = []
-    owner._account(owner.running, now)
+    owner._account(owner.accounted.values(), now)
     for js in owner.running.values():
         est = js.job.duration if oracle or js.job.time_limit is None else js.job.time_limit
         rate = js.rate if js.rate > 0 else 1.0

@@ -267,13 +267,9 @@ _shapes = [Request(gpus=1), Request(gpus=1, workers=2), Request(gpus=1, workers=
            Request(gpus=1, workers=8), Request(gpus=2), Request(gpus=4), Request(gpu_milli=500)]
 
 
-@pytest.mark.parametrize("seed", range(60))
-def test_shortcuts_decide_as_the_filtering_path(seed):
-    """The next starvation limit found without reading the jobs again, victim scans
-    precomputed for a pass without victims yet, and victim searches for one-GPU gangs that
-    count GPUs give the same starts, preemptions, reasons and wake-up. The worlds mix queues,
-    gang shapes, GPU shares, protected, capped and non-preemptible jobs, promotions and
-    several preemptions in one pass."""
+def _random_world(seed: int) -> tuple[Tiresias, Snapshot]:
+    """A pass's world: queues, gang shapes, GPU shares, protected, capped and non-preemptible
+    jobs, promotions and several preemptions in one pass."""
     rng = random.Random(seed)
     cl, st, pol = setup(nodes=3, gpus=4, thresholds=(500, 5_000), preempt_depth=rng.choice([1, 8]))
     cap = SchedConfig().max_preemptions
@@ -293,10 +289,38 @@ def test_shortcuts_decide_as_the_filtering_path(seed):
                        attained=rng.choice([0, 0, 600, 6_000]),
                        since=NOW - rng.choice([10, 2_000, 50_000, 100_000]))
                for k in range(rng.randint(1, 20))]
-    snap = snapshot(pol, cl, st, waiting, run)
+    return pol, snapshot(pol, cl, st, waiting, run)
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_shortcuts_decide_as_the_filtering_path(seed):
+    """The next starvation limit found without reading the jobs again, victim scans
+    precomputed for a pass without victims yet, and victim searches for one-GPU gangs that
+    count GPUs give the same starts, preemptions, reasons and wake-up (`_random_world`)."""
+    pol, snap = _random_world(seed)
     fast = _decisions(pol.schedule(snap, NOW))
     with _without_shortcuts():
         assert _decisions(pol.schedule(snap, NOW)) == fast
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_only_a_changed_reason_is_written(seed):
+    """A pass leaves out of `waiting` exactly the jobs that hold the reason it gives them
+    already: on jobs holding some of those reasons (and some other ones) it decides as on
+    jobs holding none, and each job ends up with the same reason once the owner applies it."""
+    pol, snap = _random_world(seed)
+    fresh = pol.schedule(snap, NOW)  # no job holds a reason yet: every one is written
+    rng = random.Random(seed)
+    for js in snap.pending:
+        if js.id in fresh.waiting and rng.random() < 0.6:
+            js.reason = fresh.waiting[js.id]
+        elif rng.random() < 0.3:
+            js.reason = "Resources: some earlier reason"
+    held = {js.id: js.reason for js in snap.pending}
+    d = pol.schedule(snap, NOW)
+    assert _decisions(d)[:2] == _decisions(fresh)[:2] and d.wake_at == fresh.wake_at
+    assert all(held[jid] != why for jid, why in d.waiting.items())
+    assert {jid: d.waiting.get(jid, held[jid]) for jid in fresh.waiting} == fresh.waiting
 
 
 def test_next_limit_leaves_out_started_jobs_and_due_limits():

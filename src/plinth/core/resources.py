@@ -52,11 +52,16 @@ class Request:
     gpu_models: tuple[str, ...] = ()  # allowed models; empty means any
     preferred_gpu_model: str | None = None
     nodes: tuple[str, ...] = ()  # the nodes it may run on, by name (Slurm's --nodelist); any
+    # The whole gang's GPU demand in milli-GPUs, derived: stored because every pass of every
+    # policy reads it for each job it looks at.
+    gpu_milli_total: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.gpu_milli == MILLI and self.gpus == 0:
             object.__setattr__(self, "gpu_milli", 0)
             object.__setattr__(self, "gpus", 1)
+        object.__setattr__(self, "gpu_milli_total",
+                           self.workers * (self.gpus * MILLI + self.gpu_milli))
         for name in ("gpus", "gpu_milli", "gpu_memory_mib", "cpus_milli", "memory_mib"):
             if getattr(self, name) < 0:
                 raise SpecError(f"request.{name}: must not be negative, got {getattr(self, name)}")
@@ -70,11 +75,6 @@ class Request:
     @property
     def fractional(self) -> bool:
         return self.gpu_milli > 0
-
-    @property
-    def gpu_milli_total(self) -> int:
-        """The whole gang's GPU demand in milli-GPUs."""
-        return self.workers * (self.gpus * MILLI + self.gpu_milli)
 
     @property
     def num_gpus(self) -> float:

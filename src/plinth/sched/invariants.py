@@ -44,6 +44,8 @@ def check_owner(owner: Owner) -> None:
         if jid in owner.runs:
             held.allocate(js.allocation, js.job.request)  # type: ignore[arg-type]
     assert owner.ends.ids() == set(owner.running), "the index of expected ends drifted"
+    assert set(owner.accounted) == set(owner.runs) & set(owner.running), \
+        "the jobs a pass accounts drifted"
     for alloc, req in owner.down.holds:
         plan.allocate(alloc, req)
     for mine, want, name in ((owner.state, plan, "plan"), (owner.held, held, "held")):

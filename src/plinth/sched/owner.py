@@ -38,7 +38,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from sortedcontainers import SortedKeyList
@@ -108,6 +108,8 @@ class Owner:
         self.ends = RunningEnds()  # the running jobs by expected end, for reservations
         self.waiting_launch: dict[int, JobState] = {}  # RUNNING, Launch held back for room
         self.runs: dict[int, _Run] = {}
+        # The launched RUNNING jobs with their runs and durations: what a pass brings up to date.
+        self.accounted: dict[int, tuple[JobState, _Run, float]] = {}
         self.next_start: dict[int, tuple[Allocation, str, str | None]] = {}  # stopping -> restart
         self.stop_why: dict[int, tuple[StopReason, bool]] = {}  # STOPPING: why, and saving?
         self.deadlines: dict[int, float] = {}
@@ -179,6 +181,7 @@ class Owner:
             start = c.start_time if c.start_time is not None else 0.0
             owner.runs[c.id] = _Run(start, start, c.rate or 1.0, 0.0, c.progress, c.attained,
                                     c.executed, c.job.request.num_gpus)
+            owner.accounted[c.id] = (c, owner.runs[c.id], c.job.duration)
         return owner
 
     def apply(self, d: Decisions, now: float) -> Output:
@@ -299,6 +302,7 @@ class Owner:
         if js.id in self.runs:  # launched
             self._touch(js, now)
             del self.runs[js.id]
+            self.accounted.pop(js.id, None)
             self.held.release(js.allocation, js.job.request)  # type: ignore[arg-type]
         if js.status is State.RUNNING:  # ended on its own: free in the plan too
             self.state.release(js.allocation, js.job.request)  # type: ignore[arg-type]
@@ -341,7 +345,7 @@ class Owner:
             # (A second pass at the same instant finds them current.) Running jobs only: a
             # stopping one may sit in the pending queue, sorted by the service it had when it
             # was stopped.
-            self._account(self.running, now)
+            self._account(self.accounted.values(), now)
             self._touched_at = now
         snap = Snapshot(self.cluster, self.state, self.pending, self.running, self.config,
                         self.ends)
@@ -465,6 +469,7 @@ class Owner:
             js.start_time = now  # the run is charged from its launch
             self.runs[jid] = _Run(now, now, 0.0, 0.0, js.progress, js.attained, js.executed,
                                   req.num_gpus)
+            self.accounted[jid] = (js, self.runs[jid], js.job.duration)
             if js.job.time_limit:
                 self.deadlines[jid] = now + js.job.time_limit
             out.append(Launch(jid, js.attempt, alloc, js.reason, js.model))  # type: ignore[arg-type]
@@ -475,6 +480,7 @@ class Owner:
         self._touch(js, now)
         self.state.release(js.allocation, js.job.request)  # type: ignore[arg-type]
         del self.running[js.id]
+        self.accounted.pop(js.id, None)
         self.ends.discard(js.id)
         self.deadlines.pop(js.id, None)
         if reason is not StopReason.PREEMPT:  # a pass's own preemptions are in its plan
@@ -536,18 +542,15 @@ class Owner:
         duration = js.job.duration
         return min(duration, progress)
 
-    def _account(self, jobs: Mapping[int, JobState], now: float) -> None:
-        """Bring the launched ones of `jobs` (by id) up to date at `now`."""
+    @staticmethod
+    def _account(jobs: Iterable[tuple[JobState, _Run, float]], now: float) -> None:
+        """Bring launched `jobs` (each with its run and duration) up to date at `now`."""
         # Hot: every pass brings every running job up to date. The loop, `_progress_at` and
         # `periodic_checkpoint` are written out here for that reason.
-        runs, floor = self.runs, math.floor
-        for jid, js in jobs.items():
-            run = runs.get(jid)
-            if run is None:  # not launched
-                continue
+        floor = math.floor
+        for js, run, duration in jobs:
             ran = now - run.t0
             progress = run.base_progress + run.rate * ran if ran > 0 else run.base_progress
-            duration = js.job.duration
             js.progress = progress = progress if progress < duration else duration
             ran = now - run.start
             js.attained = run.base_attained + run.gpus * ran
@@ -559,7 +562,9 @@ class Owner:
                 js.checkpoint_time = run.t0 + (saved - run.base_progress) / run.rate
 
     def _touch(self, js: JobState, now: float) -> None:
-        self._account({js.id: js}, now)
+        run = self.runs.get(js.id)
+        if run is not None:  # launched
+            self._account(((js, run, js.job.duration),), now)
 
     # --- restoring after a restart ------------------------------------------------------------
 
@@ -581,6 +586,7 @@ class Owner:
         if js.status is State.RUNNING:
             self.state.allocate(alloc, req)  # type: ignore[arg-type]
             self.running[js.id] = js
+            self.accounted[js.id] = (js, self.runs[js.id], js.job.duration)
             self.ends.add(js, start, js.progress)
             if js.job.time_limit:
                 self.deadlines[js.id] = start + js.job.time_limit

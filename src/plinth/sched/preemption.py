@@ -236,7 +236,7 @@ class PreemptionPlan:
         """The running jobs of importance below `below`, as victim candidates. Only these are
         read, so a pass that finds none pays one vectorised comparison."""
         running, levels = self._ranking()
-        idx = np.flatnonzero(levels < below)
+        idx = (levels < below).nonzero()[0]
         return _Candidates([running[i] for i in idx.tolist()], levels[idx].tolist(), self.now,
                            self.cfg)
 
@@ -312,21 +312,20 @@ class _Candidates:
         guaranteed = [guaranteed_runtime_for(k, cfg) for k in range(max(cap, 0))]
         rows = []
         for js, level in zip(jobs, levels):
-            job = js.job
-            if job.preemptible and js.preemptions < cap:
+            k = js.preemptions
+            if k < cap and js.job.preemptible:  # (most running jobs are at the cap)
                 ckpt = js.checkpoint_time
                 started = now if js.start_time is None else js.start_time
-                g = guaranteed[js.preemptions]
+                g = guaranteed[k]
                 # Protected last, then `_victim_key`; ids are unique, so nothing after them
                 # is compared.
                 rows.append((now - started < g, level, js.progress - js.checkpointed,
-                             math.inf if ckpt is None else -ckpt, js.id, js, started + g,
-                             job.request))
+                             math.inf if ckpt is None else -ckpt, js.id, js, started + g))
         rows.sort()
         self.others = len(jobs) - len(rows)
         self.jobs = [r[5] for r in rows]
         self.until = [r[6] for r in rows]
-        requests = [r[7] for r in rows]
+        requests = [js.job.request for js in self.jobs]
         self.n_eligible = bisect.bisect_left(rows, (True,))  # the first protected one
         self.milli = [req.gpu_milli_total for req in requests]
         # The scan with no victims yet: every candidate, and the GPU share each prefix frees.

@@ -28,6 +28,9 @@ for the next pass while that queue is unchanged: the owner's pending queue, made
 `pending_queue`, counts the jobs added to and removed from each queue, and a waiting job's
 accounting only changes while it is out of the queue. A pass then reads no waiting job for them.
 
+A waiting job whose reason is unchanged is left out of `Decisions.waiting` (the owner would
+write the same text): most waiting jobs keep their reason from pass to pass.
+
 `wake_at` asks for a pass when a running job's service crosses its queue's threshold (service
 grows at num_gpus per second of wall time), when a waiting job would reach its starvation limit,
 or when victims a waiting job needs leave their guaranteed runtime, whichever is first, so
@@ -134,8 +137,8 @@ class Tiresias(Policy):
         # Every running job's queue, vectorised: a pass reads it for all of them.
         running = list(snap.running.values())
         attained = np.fromiter(map(_attained, running), float, len(running))
-        run_q = np.searchsorted(self._thr, attained, side="right")  # queue_of, for all
-        top_run_q = int(run_q.max()) if run_q.size else -1
+        run_q = self._thr.searchsorted(attained, "right")  # queue_of, for all
+        top_run_q = int(run_q[run_q.argmax()]) if run_q.size else -1  # (argmax: no wrapper)
         # Victims: the highest queue (most served) first, then the least unsaved work.
         plan = PreemptionPlan(snap, now, d, depth=self.preempt_depth,
                               importance=lambda jobs: -run_q,  # `jobs` is `running`
@@ -169,14 +172,16 @@ class Tiresias(Policy):
             if plain:
                 floor = floors.get(req.gpus)
                 if floor is not None and floor[0] == 1 and req.gpus == 1 and \
-                        plan.work.free_milli == 1000 * int(plan.work.free_whole_by_model.sum()):
+                        plan.work.free_milli == 1000 * int(
+                            np.add.reduce(plan.work.free_whole_by_model)):  # (no wrapper)
                     break  # not even one whole GPU to be had, and no partly free GPU either
                 if floor is not None and req.workers >= floor[0]:
                     # A smaller gang of the same shape, as high or higher in the queues,
                     # could neither start nor preempt: neither can this one.
                     if best_waiting is None:
                         best_waiting = q
-                    d.waiting[js.id] = floor[1]
+                    if js.reason != floor[1]:  # (unchanged: left out)
+                        d.waiting[js.id] = floor[1]
                     continue
             note = ""
             if js.id in promoted:  # the reason is written only for the jobs examined
@@ -203,9 +208,11 @@ class Tiresias(Policy):
                 first_waiting = js.id
             if best_waiting is None:
                 best_waiting = q
-            d.waiting[js.id] = f"Resources: queue {q}{note}, does not fit; {why}"
+            why = f"Resources: queue {q}{note}, does not fit; {why}"
+            if js.reason != why:  # (unchanged: left out)
+                d.waiting[js.id] = why
             if plain and len(d.preempts) == preempts_seen:
-                floors[req.gpus] = (req.workers, d.waiting[js.id])
+                floors[req.gpus] = (req.workers, why)
 
         # The next limit to come is of a job that still waits. Of the jobs started, only
         # those of a lower queue that were not promoted can be among those still to come.
@@ -234,7 +241,7 @@ class Tiresias(Policy):
         if len(self._gpus) > 2 * len(running) + 256:
             self._gpus = {}
         gpus_of = self._gpus
-        near = np.flatnonzero((run_q >= best_waiting) & (run_q < last))
+        near = ((run_q >= best_waiting) & (run_q < last)).nonzero()[0]
         for i, q in zip(near.tolist(), run_q[near].tolist()):
             js = running[i]
             gpus = gpus_of.get(js)
