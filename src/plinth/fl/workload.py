@@ -171,22 +171,20 @@ class FLTaskController:
                    "--address", w.status["address"], "--checkpoint", str(d / "server"),
                    "--resume", "--json", str(d / "results.json")]
         out = [Unit("server", self._job(w, "server", command, w.spec.resources))]
-        if server is not None and server.state.terminal:
-            return out
-        if self._leaves(w):
+        if self._leaves(w) and (server is None or not server.state.terminal):
             out += self._leaf_units(w, "server", w.status["leaf_address"], d)
-        middles = [m["name"] for m in w.status.get("middles", [])]
-        for m in w.status.get("middles", []):
+        # Middles stay while a failed server is started again: they, like clients, join it
+        # again. A middle that has succeeded was told by the server that the task is over.
+        middles = [m for m in w.status.get("middles", [])
+                   if getattr(observed.get(m["name"]), "state", None) is not State.SUCCEEDED]
+        for m in middles:
             name, md = m["name"], d / m["name"]
-            o = observed.get(name)
-            if o is not None and o.state is State.SUCCEEDED:
-                continue  # the server has ended the task for it
             command = [sys.executable, "-m", "plinth.cli.main", "fl", "aggregator",
                        str(md / "app.yaml"), "--server", w.status["address"], "--address",
                        m["address"], "--clients", str(m["clients"]), "--name", name,
                        "--token-file", str(md / "upstream.token"), "--status-dir", str(md)]
             out.append(Unit(name, self._job(w, name, command, MIDDLE),
-                            apart_from=tuple(x for x in middles if x != name)))
+                            apart_from=tuple(x["name"] for x in middles if x is not m)))
             out += self._leaf_units(w, name, m["leaf_address"], md)
         return out
 
