@@ -47,11 +47,16 @@ class LaunchSpec:
 @dataclass(frozen=True, slots=True)
 class ProcRef:
     """A launched process, identified so that a pid reused by another process is not mistaken
-    for it: the pid, its start time as the kernel reports it, and where its exit code goes."""
+    for it: the pid, its start time as the kernel reports it, and where its exit code goes.
+    `start_ticks` is the kernel's start time in clock ticks since boot (0: not recorded, a
+    handle stored before it was): unlike `start_time`, which is derived from the boot time on
+    the wall clock, it does not move when that clock is stepped (NTP, a VM resumed from a
+    snapshot), so a restarted control plane still recognises its workers."""
 
     pid: int
     start_time: float
     exit_file: str
+    start_ticks: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,14 +71,16 @@ class Handle:
 
     def to_dict(self) -> dict:
         return {"job_id": self.job_id, "attempt": self.attempt,
-                "procs": [[p.pid, p.start_time, p.exit_file] for p in self.procs],
+                "procs": [[p.pid, p.start_time, p.exit_file, p.start_ticks]
+                          for p in self.procs],
                 "checkpoint_dir": self.checkpoint_dir}
 
     @classmethod
     def from_dict(cls, d: Mapping) -> Handle:
         ckpt = d.get("checkpoint_dir")  # absent in handles stored before it existed
         return cls(int(d["job_id"]), int(d["attempt"]),
-                   tuple(ProcRef(int(p[0]), float(p[1]), str(p[2])) for p in d["procs"]),
+                   tuple(ProcRef(int(p[0]), float(p[1]), str(p[2]),
+                                 int(p[3]) if len(p) > 3 else 0) for p in d["procs"]),
                    None if ckpt is None else str(ckpt))
 
 

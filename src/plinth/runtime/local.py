@@ -89,6 +89,7 @@ class _Worker:
     done: bool = False
     code: int | None = None  # None once done: it vanished without an exit code
     killed: bool = False  # we sent SIGKILL, so a missing exit file means 137, not lost
+    start_ticks: int = 0  # the kernel's start time in ticks since boot (see ProcRef)
 
 
 @dataclass(slots=True)
@@ -193,7 +194,8 @@ class LocalRuntime(EventQueue):
             self._attempts[key] = _Attempt(spec.job_id, spec.attempt, started,
                                            spec.checkpoint_dir, launched_at)
         return Handle(spec.job_id, spec.attempt,
-                      tuple(ProcRef(w.pid, w.start_time, w.exit_file) for w in started),
+                      tuple(ProcRef(w.pid, w.start_time, w.exit_file, w.start_ticks)
+                            for w in started),
                       spec.checkpoint_dir)
 
     def stop(self, job_id: int, attempt: int, grace_s: float) -> None:
@@ -335,6 +337,7 @@ class LocalRuntime(EventQueue):
         wk.pid = wk.popen.pid
         # Not reaped yet, so even a command that already ended still has its /proc entry.
         wk.start_time = psutil.Process(wk.pid).create_time()
+        wk.start_ticks = start_ticks(wk.pid) or 0
         return wk
 
     # ----------------------------------------------------------------- adoption
@@ -343,7 +346,9 @@ class LocalRuntime(EventQueue):
         wk = _Worker(rank, ref.pid, ref.start_time, ref.exit_file, own=False)
         try:
             p = psutil.Process(ref.pid)
-            if abs(p.create_time() - ref.start_time) <= START_TIME_TOLERANCE_S:
+            same = start_ticks(ref.pid) == ref.start_ticks if ref.start_ticks else \
+                abs(p.create_time() - ref.start_time) <= START_TIME_TOLERANCE_S
+            if same:
                 wk.proc = p
                 # Launched by an earlier runtime in this same process (tests, a restarted
                 # control loop): it is still our child and must be reaped by us.
@@ -570,3 +575,15 @@ def _cgroup_memory_limit_mib() -> int:
         if text.isdigit() and int(text) < 2**60:
             return int(text) // MIB
     return 0
+
+
+def start_ticks(pid: int) -> int | None:
+    """The kernel's start time of `pid` in clock ticks since boot (/proc/PID/stat, field 22),
+    or None if it is gone. The command name (field 2) may hold spaces and parentheses, so the
+    fields are counted after its closing one."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    return int(stat[stat.rindex(b")") + 2:].split()[19])
