@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from plinth.core.errors import PlinthError
 from plinth.core.net import free_port
 from plinth.fl import serde
 from plinth.fl.aggregate.middle import MiddleAggregator
@@ -67,6 +68,30 @@ def test_the_machine_sends_the_weighted_mean_of_its_clients_and_their_examples()
     assert a.config["mu"] == 0.1 and a.config["round"] == 3  # the server's config passed down
     assert isinstance(ev, EvaluateRes) and ev.num_examples == 60
     assert ev.metrics["accuracy"] == pytest.approx(0.5)
+
+
+def test_a_machine_samples_its_share_of_clients_each_round():
+    steps = {f"c{k}": Step(float(k), 10) for k in range(10)}
+    down = _machine(steps)
+    middle = MiddleAggregator(down, clients=10, straggler_timeout=10, fraction=0.3)
+    try:
+        middle.wait_for_clients()
+        picked = []
+        for r in (1, 2, 3):
+            for c in steps.values():
+                c.config = None
+            res = serde.decode(middle.handle(serde.encode(FitIns(r, X0, {}))))
+            took = sorted(cid for cid, c in steps.items() if c.config is not None)
+            assert len(took) == 3 and res.metrics["clients"] == 3.0 and res.num_examples == 30
+            # the update is the mean of exactly the clients that trained
+            np.testing.assert_allclose(res.update[0],
+                                       np.mean([steps[cid].step for cid in took]))
+            picked.append(took)
+    finally:
+        down.close()
+    assert len({tuple(t) for t in picked}) > 1  # drawn afresh each round
+    with pytest.raises(PlinthError, match=r"--fraction: 0 is not in \(0, 1\]"):
+        MiddleAggregator(_machine(steps), clients=1, fraction=0.0)
 
 
 def test_a_machine_whose_clients_all_fail_answers_with_an_error():

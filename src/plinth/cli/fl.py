@@ -227,6 +227,9 @@ def aggregator(
         = None,
     token_file: Annotated[str | None, typer.Option(help="Or read the upstream token from "
                                                         "this file.")] = None,
+    fraction: Annotated[float, typer.Option(help="The share of this machine's clients that "
+                                                 "take part in each round (at least one).")]
+        = 1.0,
     status_dir: Annotated[str | None, typer.Option(help="With server.aggregation.mode: tree, "
                                                         "write each round's tree.json here.")]
         = None,
@@ -248,7 +251,8 @@ def aggregator(
         except OSError as e:
             raise SpecError(f"--token-file: cannot read {token_file} ({e.strerror})") from None
     ran = run_aggregator(app_yaml, server=server, address=address, clients=clients, name=name,
-                         token=token, status_dir=status_dir, on_listen=listening,
+                         token=token, status_dir=status_dir, fraction=fraction,
+                         on_listen=listening,
                          overrides=_transport_overrides(tokens, tls),
                          require_tokens=not no_tokens)
     console.print(f"aggregator {name}: {ran} tasks done; the server has finished")

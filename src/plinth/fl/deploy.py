@@ -128,12 +128,14 @@ def _dial(spec: AppSpec, server: str, client_id: str, token: str | None,
 
 def run_aggregator(app_path: str, *, server: str, address: str, clients: int, name: str,
                    token: str | None = None, status_dir: str | None = None,
+                   fraction: float = 1.0,
                    on_listen: Callable[[int], None] | None = None,
                    overrides: dict[str, Any] | None = None, require_tokens: bool = True) -> int:
     """A machine's middle aggregator (`plinth.fl.aggregate.middle`): `clients` clients join it
     on `address`; it joins `server` as one client named `name` and sends one update per task.
-    With `server.aggregation.mode: tree` in the app, the machine's leaves fold its clients'
-    updates, and each round's tree is published as `tree.json` in `status_dir`."""
+    Each task runs on `fraction` of its clients (at least one). With
+    `server.aggregation.mode: tree` in the app, the machine's leaves fold its clients' updates,
+    and each round's tree is published as `tree.json` in `status_dir`."""
     from plinth.fl.aggregate.middle import MiddleAggregator
 
     parse_address(server)
@@ -153,6 +155,7 @@ def run_aggregator(app_path: str, *, server: str, address: str, clients: int, na
                                   straggler_timeout=0.9 * spec.server.straggler_timeout,
                                   wait_timeout=spec.server.wait_timeout,
                                   threads=spec.server.aggregation_threads,
+                                  fraction=fraction,
                                   aggregation=agg if agg.mode == "tree" else None,
                                   status=Checkpointer(status_dir) if status_dir else None)
         examples = middle.wait_for_clients()

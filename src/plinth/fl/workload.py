@@ -20,7 +20,9 @@ With `server.aggregation.middles: N` the tree has a level per node, as in LIFL: 
 aggregator units `middle-0..N-1` (`plinth fl aggregator`), each kept on a node of its own
 (`apart_from`), each with leaf units `middle-K.leaf-J` on its node, sized by its own
 `tree.json` as above. Client `cid` joins middle `cid mod N` with its token; the middles join
-the server with tokens the controller writes, so the server folds one update per node.
+the server with tokens the controller writes, so the server folds one update per node. The
+task's `server.fraction` is drawn by each middle from its own clients (the server asks every
+middle each round).
 
 Each second the controller reads the rounds the server has committed (its checkpoint's
 `meta.sqlite`) into the task's status: the round, accuracy per round, participants, failures
@@ -182,7 +184,8 @@ class FLTaskController:
             command = [sys.executable, "-m", "plinth.cli.main", "fl", "aggregator",
                        str(md / "app.yaml"), "--server", w.status["address"], "--address",
                        m["address"], "--clients", str(m["clients"]), "--name", name,
-                       "--token-file", str(md / "upstream.token"), "--status-dir", str(md)]
+                       "--token-file", str(md / "upstream.token"), "--status-dir", str(md),
+                       "--fraction", str(w.spec.server.fraction)]
             out.append(Unit(name, self._job(w, name, command, MIDDLE),
                             apart_from=tuple(x["name"] for x in middles if x is not m)))
             out += self._leaf_units(w, name, m["leaf_address"], md)

@@ -78,18 +78,21 @@ class MiddleAggregator:
     """Serves the tasks of an upstream server on the clients joined to `downstream`."""
 
     def __init__(self, downstream: Any, *, clients: int, straggler_timeout: float = 600.0,
-                 wait_timeout: float = 600.0, threads: int = 1,
+                 wait_timeout: float = 600.0, threads: int = 1, fraction: float = 1.0,
                  aggregation: AggregationSpec | None = None,
                  status: Checkpointer | None = None) -> None:
         if clients < 1:
             raise PlinthError(f"--clients: an aggregator needs at least 1 client (got {clients})")
         self.downstream, self.clients = downstream, clients
         self.relay = _Relay(threads)
-        # every joined client takes part in every task; once `clients` have joined (see
-        # `wait_for_clients`), a task runs on whoever is still there. With `aggregation` in
-        # tree mode, the machine's leaves fold them (the round's shape is published to
-        # `status`, where the task's controller reads how many leaf units to keep).
-        cfg = ServerSpec(fraction=1.0, min_clients=1, min_available=1,
+        # `fraction` of the joined clients (every one by default, at least one) take part in
+        # each task; once `clients` have joined (see `wait_for_clients`), a task runs on
+        # whoever is still there. With `aggregation` in tree mode, the machine's leaves fold
+        # them (the round's shape is published to `status`, where the task's controller reads
+        # how many leaf units to keep).
+        if not 0.0 < fraction <= 1.0:
+            raise PlinthError(f"--fraction: {fraction:g} is not in (0, 1]")
+        cfg = ServerSpec(fraction=fraction, min_clients=1, min_available=1,
                          straggler_timeout=straggler_timeout, wait_timeout=wait_timeout,
                          aggregation=aggregation or AggregationSpec())
         self.server = Server(self.relay, downstream, cfg, checkpoint=status)
