@@ -66,6 +66,13 @@ def task_platform(tmp_path: Path, spec: Path, *extra: str, clients: int = 2,
         yield p, procs
         for proc in procs:
             proc.wait(120)
+    except BaseException:  # say what each client said (pytest shows it with the failure)
+        for i, proc in enumerate(procs):
+            if proc.poll() is None:
+                proc.kill()
+            err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
+            print(f"client process {i}: exit {proc.wait()}; stderr: {err[-2000:]}")
+        raise
     finally:
         for proc in procs:
             if proc.poll() is None:

@@ -133,7 +133,9 @@ def test_nodes_report_allocations(shared_platform, wait_for) -> None:
         wait_for(lambda: c.job(j)["state"] == "running", what="running")
         (node,) = c.nodes()
         assert node["gpus"] == 4 and node["gpu_model"] == "A100"
-        assert j in node["running"] and 500 in node["gpu_free_milli"]
+        # the half GPU shows as held; other tests' jobs on this shared platform may share its GPU
+        free = node["gpu_free_milli"]
+        assert j in node["running"] and min(free) <= 500 and sum(1000 - f for f in free) >= 500
         c.cancel(j)
         c.wait(j, timeout=30)
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from plinth.core.errors import PlinthError, SpecError
-from plinth.fl.app import ServerSpec
+from plinth.fl.app import ServerSpec, load_app
 from plinth.fl.client import ClientRunner
 from plinth.fl.server import Server
 from plinth.fl.strategies import make_strategy
@@ -129,6 +129,28 @@ def test_client_with_bad_server_address_is_one_line():
                        capture_output=True, text=True, timeout=60, check=False)
     assert r.returncode == 2 and "--server: expected HOST:PORT" in r.stderr
     assert r.stderr.strip().count("\n") == 0
+
+
+def test_a_client_waits_transport_connect_timeout_for_its_server(tmp_path, free_port):
+    """A client started before its server waits for it (a queued task's server may be placed
+    minutes later); `transport.connect_timeout` bounds the wait, and a client that gives up
+    says which server it waited for in one line."""
+    app = tmp_path / "app.yaml"
+    app.write_text((APPS / "tiny.yaml").read_text().replace("code: tiny.py",
+                                                            f"code: {APPS}/tiny.py")
+                   + "transport: {connect_timeout: 3}\n")
+    start = time.monotonic()
+    r = subprocess.run([sys.executable, "-m", "plinth.cli.main", "fl", "client", str(app),
+                        "--server", f"127.0.0.1:{free_port}"],
+                       capture_output=True, text=True, timeout=120, check=False)
+    waited = time.monotonic() - start
+    assert r.returncode != 0 and f"cannot join 127.0.0.1:{free_port}: DEADLINE_EXCEEDED" \
+        in r.stderr, r.stderr
+    assert r.stderr.strip().count("\n") == 0, r.stderr
+    assert waited >= 3, waited  # it waited its connect_timeout, not less
+    assert load_app(app).transport.connect_timeout == 3
+    default = load_app(APPS / "tiny.yaml").transport.connect_timeout
+    assert default >= 120, default  # the default outlasts a unit's start on a busy cluster
 
 
 def test_killed_grpc_server_resumes_and_clients_rejoin(tmp_path, free_port):

@@ -300,6 +300,9 @@ class TransportSpec(_Spec):
     tokens: str | None = None  # file of "client_id token" lines; none = no authentication
     token: str | None = None  # client side: its token (or PLINTH_FL_TOKEN)
     client_id: str | None = None  # client side
+    # client side: seconds to wait for the server to answer a join, at the start and after a
+    # lost connection (a queued task's server may not be placed yet, or be restarting)
+    connect_timeout: float = Field(default=300.0, gt=0)
 
 
 class AdmmSpec(_Spec):

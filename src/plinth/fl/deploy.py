@@ -123,7 +123,8 @@ def _dial(spec: AppSpec, server: str, client_id: str, token: str | None,
     token = token or t.token or os.environ.get("PLINTH_FL_TOKEN")
     # With a token the server knows who we are; without one, `client_id` is our id.
     return GrpcClient(server, client_id=t.client_id or ("" if token else client_id),
-                      token=token, ca=ca, properties=properties, chunk_size=t.chunk_size)
+                      token=token, ca=ca, properties=properties, chunk_size=t.chunk_size,
+                      connect_timeout=t.connect_timeout)
 
 
 def run_aggregator(app_path: str, *, server: str, address: str, clients: int, name: str,

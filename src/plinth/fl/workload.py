@@ -38,6 +38,7 @@ import secrets
 import sqlite3
 import sys
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -189,6 +190,12 @@ class FLTaskController:
             out.append(Unit(name, self._job(w, name, command, MIDDLE),
                             apart_from=tuple(x["name"] for x in middles if x is not m)))
             out += self._leaf_units(w, name, m["leaf_address"], md)
+        if w.status.get("round", 0) >= w.spec.server.rounds:
+            # The last round is in: the units still up finish on their own, and none that
+            # ended is started again (a leaf whose middle is closing would be, and a launch
+            # can hold the loop for seconds on Ray).
+            out = [u if u.name == "server" else replace(u, colocate_with=None, apart_from=())
+                   for u in out if u.name == "server" or _live(observed.get(u.name))]
         return out
 
     def _job(self, w: Workload, unit: str, command: list[str], resources: Resources) -> JobSpec:
@@ -268,3 +275,7 @@ class FLTaskController:
         if dp is not None:
             w.status["epsilon_budget"] = dp.epsilon_budget
         return True
+
+
+def _live(o: Observed | None) -> bool:
+    return o is not None and not o.state.terminal
