@@ -12,6 +12,11 @@ A100s per node.
   before the next wave.
 - `gang`: one 8-worker gang, 4 workers on each Ray node (on the one local node); latency to its
   first and to its last worker running.
+- `wave`: a control plane on the Ray runtime (in this process) carries out one pass that starts
+  8 single-GPU jobs at once (they wait behind a job holding every GPU, which is then told to
+  end); from that signal to the last of the 8 running, median of `--waves`. Launched one after
+  another (the runtime's "concurrent-launch" taken away) and at once (the default), in the same
+  run.
 
 Also: the control plane's (this process's) CPU seconds per launch, and the resident memory of the
 Ray cluster's processes at rest.
@@ -84,6 +89,54 @@ def finish(rt, wave) -> list[list[float]]:
     return [[float(s.read_text()) - t0 for s in stamps] for _, t0, stamps in wave]
 
 
+def run_control_waves(address: str, concurrent: bool, waves: int) -> list[float]:
+    """Seconds from the holder's signal to the last of 8 jobs of one pass running, per wave."""
+    from plinth.control.service import ControlPlane
+    from plinth.control.spec import JobSpec, Resources
+    from plinth.control.store import Store
+    from plinth.runtime.ray import RayRuntime
+
+    tmp = Path(tempfile.mkdtemp(prefix="ray-launch-wave-"))
+    rt = RayRuntime(address)
+    if not concurrent:  # this instance only: the control plane then launches one at a time
+        rt.capabilities = rt.capabilities - {"concurrent-launch"}
+    store = Store(str(tmp / "plinth.db"))
+    store.put_tenant("default", None, None)
+    cp = ControlPlane(store, rt, home=tmp)
+    cp.start()
+    small = {"cpus": 0.1, "memory": 64}
+    out = []
+    try:
+        for w in range(waves):
+            go = tmp / f"go{w}"
+            holder = cp.submit(JobSpec(name="holder", workers=8, resources=Resources(
+                gpus=1, **small), command=["sh", "-c", f"while [ ! -e {go} ]; do sleep 0.02; "
+                                                       "done"]), "default")
+            _until(lambda: store.job(holder)["state"] == "running")
+            stamps = [tmp / f"w{w}.{i}.t" for i in range(8)]
+            ids = [cp.submit(JobSpec(name=f"w{w}.{i}", resources=Resources(gpus=1, **small),
+                                     command=["sh", "-c", STAMP.format(out=s)]), "default")
+                   for i, s in enumerate(stamps)]
+            time.sleep(1)  # every job is in the owner's queue before the GPUs free up
+            t0 = time.time()
+            go.touch()
+            _until(lambda: all((store.job(i) or {}).get("end_time") for i in ids))
+            if any(store.job(i)["state"] != "succeeded" for i in ids):
+                raise SystemExit(f"wave {w}: {[store.job(i)['reason'] for i in ids]}")
+            out.append(max(float(s.read_text()) for s in stamps) - t0)
+    finally:
+        cp.close()  # closes the runtime too
+    return out
+
+
+def _until(done, timeout: float = 300) -> None:
+    end = time.monotonic() + timeout
+    while not done():
+        if time.monotonic() > end:
+            raise SystemExit(f"timed out after {timeout:g} s")
+        time.sleep(0.02)
+
+
 def measure(name: str, rt, nodes: list[str], jobs: int) -> dict:
     tmp = Path(tempfile.mkdtemp(prefix=f"ray-launch-{name}-"))
     me = psutil.Process()
@@ -100,6 +153,7 @@ def measure(name: str, rt, nodes: list[str], jobs: int) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--jobs", type=int, default=100)
+    ap.add_argument("--waves", type=int, default=5)
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
 
@@ -110,6 +164,7 @@ def main() -> None:
 
     from plinth.runtime.ray import RayRuntime
 
+    waves: dict[bool, list[float]] = {}
     cluster = LocalRayCluster(NODES)
     try:
         time.sleep(5)  # let the nodes settle before the memory at rest is read
@@ -119,6 +174,8 @@ def main() -> None:
         rows.append(measure("ray", rt, [n.name for n in NODES], args.jobs))
         rows[-1]["cluster_rss_mib_at_rest"] = rss / 2**20
         rt.close()
+        for concurrent in (False, True):
+            waves[concurrent] = run_control_waves(cluster.address, concurrent, args.waves)
     finally:
         cluster.shutdown()
 
@@ -130,9 +187,16 @@ def main() -> None:
               f"{r['gang_last_s']:11.3f}")
     print(f"Ray cluster (2 nodes) resident memory at rest: "
           f"{rows[-1]['cluster_rss_mib_at_rest']:.0f} MiB")
+    print(f"one pass of 8 single-GPU jobs through the control plane on Ray, signal to the last "
+          f"running ({args.waves} waves): one after another median "
+          f"{statistics.median(waves[False]):.2f} s (max {max(waves[False]):.2f}), at once "
+          f"median {statistics.median(waves[True]):.2f} s (max {max(waves[True]):.2f})")
+    print(f"load average {Path('/proc/loadavg').read_text().split()[0]}")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"rows": rows, "cpus": os.cpu_count()}, indent=2))
+        args.json.write_text(json.dumps({"rows": rows, "cpus": os.cpu_count(),
+                                         "wave_serial_s": waves[False],
+                                         "wave_concurrent_s": waves[True]}, indent=2))
 
 
 if __name__ == "__main__":

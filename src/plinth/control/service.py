@@ -23,6 +23,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar
 
@@ -64,6 +65,8 @@ DEFAULT_ESTIMATE_S = 24 * 3600.0
 MIN_PASS_INTERVAL_S = 0.005
 # How often the runtime's nodes are read again, to follow nodes that leave and come back.
 NODE_CHECK_S = 2.0
+# At most this many launches of one batch at once, on a runtime that takes them concurrently.
+LAUNCH_THREADS = 8
 
 
 class NotFound(PlinthError):
@@ -130,6 +133,7 @@ class ControlPlane:
         self._deferred: float | None = None  # a pass put off until then (spacing)
         self._nodes_due = time.monotonic() + NODE_CHECK_S  # the next look at runtime.nodes()
         self._joined: set[str] = set()  # new nodes, told once
+        self._launcher: ThreadPoolExecutor | None = None  # made at the first concurrent batch
         policy_obj = self._rebuild()
         self.owner = o.Owner(self.cluster, policy_obj, self.config, keep_finished=False)
         self.metrics = ControlMetrics(self)  # /metrics; read at scrape time
@@ -198,6 +202,8 @@ class ControlPlane:
             self._thread.join(timeout=10)
         self.writer.close()
         self.workloads.close()
+        if self._launcher is not None:
+            self._launcher.shutdown(wait=True)
         self.runtime.close()
 
     def recover(self) -> None:
@@ -478,14 +484,16 @@ class ControlPlane:
             for r in out.rejected:
                 if not isinstance(r.event, o.Cancelled):
                     log.warning("%s", r.message)
-            feedback: list[o.Event] = []
+            launches = []
             for ins in out.instructions:
                 if type(ins) is o.Launch:
-                    feedback.append(self._launch(ins, now))
+                    launches.append(ins)
                 else:
                     self.runtime.stop(ins.job_id, ins.attempt, self.grace_s)
-            if not feedback:
+            if not launches:
                 return
+            feedback = [self._launched(ins, r, now)
+                        for ins, r in zip(launches, self._launch_all(launches), strict=True)]
             out = self.owner.handle(feedback, now, schedule=False)
 
     def _store(self, t: o.Transition) -> None:
@@ -514,18 +522,48 @@ class ControlPlane:
         else:
             self.store.transition(t.job_id, t.old, t.new, at, t.kind, t.message, **fields)
 
-    def _launch(self, ins: o.Launch, now: float) -> o.Event:
-        # Any error here is this job's alone: it becomes launch-failed and releases what it
-        # held, and the loop goes on with the others.
+    def _launch_all(self, launches: list[o.Launch]) -> list[Handle | str]:
+        """Each launch's handle, or why it failed. A runtime whose launch waits on a cluster
+        ("concurrent-launch": Ray reserves a placement group and starts an actor per worker,
+        seconds each) gets a batch's launches at once, so the loop waits for the slowest, not
+        their sum; the local runtime's are forks, made one after another."""
+        specs = [self._spec_or_error(ins) for ins in launches]
+        todo = [s for s in specs if isinstance(s, LaunchSpec)]
+        if len(todo) > 1 and "concurrent-launch" in self.runtime.capabilities:
+            if self._launcher is None:
+                self._launcher = ThreadPoolExecutor(LAUNCH_THREADS,
+                                                    thread_name_prefix="plinth-launch")
+            done = dict(zip(map(id, todo), self._launcher.map(self._try_launch, todo)))
+        else:
+            done = {id(s): self._try_launch(s) for s in todo}
+        return [done[id(s)] if isinstance(s, LaunchSpec) else s for s in specs]
+
+    def _spec_or_error(self, ins: o.Launch) -> LaunchSpec | str:
         try:
-            handle = self.runtime.launch(self._launch_spec(ins))
-        except Exception as e:
-            if not isinstance(e, PlinthError):
-                log.exception("job %d: launch failed", ins.job_id)
-            why = str(e) if isinstance(e, PlinthError) else f"{type(e).__name__}: {e}"
-            return o.LaunchFailed(ins.job_id, ins.attempt, why)
-        self.handles[ins.job_id] = handle
-        self.store.update_job(ins.job_id, handle=handle.to_dict())
+            return self._launch_spec(ins)
+        except Exception as e:  # noqa: BLE001 -- this job's alone: it becomes launch-failed
+            return self._launch_error(ins.job_id, e)
+
+    def _try_launch(self, spec: LaunchSpec) -> Handle | str:
+        try:
+            return self.runtime.launch(spec)
+        except Exception as e:  # noqa: BLE001 -- as above
+            return self._launch_error(spec.job_id, e)
+
+    @staticmethod
+    def _launch_error(job_id: int, e: Exception) -> str:
+        if not isinstance(e, PlinthError):
+            log.error("job %d: launch failed", job_id, exc_info=e)
+            return f"{type(e).__name__}: {e}"
+        return str(e)
+
+    def _launched(self, ins: o.Launch, result: Handle | str, now: float) -> o.Event:
+        # A failed launch is this job's alone: it becomes launch-failed and releases what it
+        # held, and the loop goes on with the others.
+        if isinstance(result, str):
+            return o.LaunchFailed(ins.job_id, ins.attempt, result)
+        self.handles[ins.job_id] = result
+        self.store.update_job(ins.job_id, handle=result.to_dict())
         return o.Started(ins.job_id, ins.attempt, now)
 
     def tenant_root(self, tenant: str, user: users.UnixUser | None) -> Path:

@@ -108,8 +108,9 @@ class Runtime(Protocol):
     constructor) is called from any thread when new events are ready, to wake the control loop.
     `capabilities` names what it can do beyond launch and stop ("checkpoint": a stop lets the
     job save first; "relaunch": a job's next attempt may start on other GPUs; "elastic": its
-    nodes may leave and come back, so `nodes()` is read again while it runs); a policy that
-    needs more is refused at start-up."""
+    nodes may leave and come back, so `nodes()` is read again while it runs; "concurrent-launch":
+    `launch` may be called from several threads at once, and is worth it because each call
+    waits on a cluster); a policy that needs more is refused at start-up."""
 
     capabilities: frozenset[str]
 

@@ -113,7 +113,7 @@ class _Attempt:
 class RayRuntime(EventQueue):
     """Runs jobs on a Ray cluster; see plinth.runtime.base.Runtime for the contract."""
 
-    capabilities = frozenset({"checkpoint", "relaunch", "elastic"})
+    capabilities = frozenset({"checkpoint", "relaunch", "elastic", "concurrent-launch"})
     isolation = "ray"
 
     def __init__(self, address: str, *, notify: Callable[[], None] | None = None,
