@@ -186,6 +186,9 @@ def test_bad_bodies_are_400s_and_the_replica_keeps_serving() -> None:
             assert reason in r.json()["error"], (reason, r.text)
         good = c.post(rp.url + "/infer", json={"images": images})
         assert good.status_code == 200
+        # Server-Timing: the replica's own time, which a client sets against its latency.
+        name, dur = good.headers["server-timing"].split(";dur=")
+        assert name == "replica" and 0 < float(dur) < good.elapsed.total_seconds() * 1000
         labels = good.json()["labels"]
         x = np.random.default_rng(1).random((3, 1, 28, 28), dtype=np.float32)
         raw = c.post(rp.url + "/infer", content=_npy(x), headers={"content-type": NPY})

@@ -4,21 +4,27 @@ whose replica is gone goes to another one."""
 
 from __future__ import annotations
 
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
+
 import httpx
 import pytest
-from fastapi import FastAPI
+from fastapi import FastAPI, Response
 
 from plinth.core.net import free_port
 from plinth.serve.router import Router, RouterServer
 from plinth.serve.spec import RouterSpec
 
 
-def backend(tag: str) -> RouterServer:
-    """A real HTTP server standing in for a replica: answers /infer with its tag."""
+def backend(tag: str, busy_s: float = 0.0) -> RouterServer:
+    """A real HTTP server standing in for a replica: answers /infer with its tag, after
+    `busy_s`, saying so in Server-Timing as a replica does."""
     app = FastAPI()
 
     @app.post("/infer")
-    async def infer() -> dict:
+    async def infer(response: Response) -> dict:
+        await asyncio.sleep(busy_s)
+        response.headers["server-timing"] = f"replica;dur={busy_s * 1000:.3f}"
         return {"replica": tag}
 
     class _Holder(Router):  # RouterServer serves any Router's `app`; give it this one
@@ -85,3 +91,29 @@ def test_a_gone_replica_is_skipped_and_a_leaving_one_gets_nothing_new(router) ->
     finally:
         a.stop()
         b.stop()
+
+
+def test_server_timing_splits_the_wait_for_a_replica_from_the_replicas_time() -> None:
+    """With one request at a time per replica, the second of two sent together waits in the
+    router for the first to end; each answer says how long it queued and what the replica
+    took."""
+    r = RouterServer(Router(RouterSpec(timeout_s=5, concurrency=1)), "127.0.0.1", free_port())
+    r.start()
+    slow = backend("slow", busy_s=0.3)
+    try:
+        r.call(r.router.add_service("svc", "s3cret"))
+        assert join(r, "replica-0", slow.url, "s3cret") == 204
+        with ThreadPoolExecutor(2) as pool:
+            got = list(pool.map(lambda _: httpx.post(f"{r.url}/v1/svc/infer", json={},
+                                                     timeout=10), range(2)))
+        timings = []
+        for answer in got:
+            assert answer.status_code == 200
+            parts = dict(p.split(";dur=") for p in answer.headers["server-timing"].split(", "))
+            timings.append({k: float(v) for k, v in parts.items()})
+        assert all(t["replica"] == 300.0 for t in timings)
+        first, second = sorted(timings, key=lambda t: t["queue"])
+        assert second["queue"] >= 200 > first["queue"]  # it waited for the first one's 300 ms
+    finally:
+        slow.stop()
+        r.stop()

@@ -72,6 +72,9 @@ def sim(
     compress: Annotated[float, typer.Option(
         help="Time compression c: a trace minute lasts 60/c s, service times, SLO and control "
              "periods shrink by c, the cold start stays real (e.g. 10: 60 s -> 6 s).")] = 1.0,
+    hop: Annotated[str | None, typer.Option(
+        help="Hop times measured on the real path (JSON list of seconds, in the replay's "
+             "seconds): each request adds one, drawn at random (default: none).")] = None,
     seed: Annotated[int, typer.Option()] = 0,
     json_path: Annotated[str | None, typer.Option("--json", help="Write results JSON.")] = None,
     out: Annotated[str | None, typer.Option(help="Folder for plots.")] = "results/serve",
@@ -79,7 +82,7 @@ def sim(
     """Replay a trace under one or more autoscaling policies and compare them."""
     from plinth.serve import report
     from plinth.serve.policies import POLICIES, make_policy
-    from plinth.serve.sim import COLD_START_S, SimConfig, simulate
+    from plinth.serve.sim import COLD_START_S, SimConfig, load_hops, simulate
     from plinth.serve.traces import load_service_time, load_trace
 
     if not 0.0 < quantile < 1.0:
@@ -95,11 +98,12 @@ def sim(
     service_time = service_time or _in_traces("--service-time", DEFAULT_SERVICE)
     cfg = SimConfig(service=load_service_time(service_time), slo_s=slo_ms / 1000.0, quota=cpus,
                     cold_start_s=COLD_START_S if cold_start_s is None else cold_start_s,
-                    queueing=queueing, arrivals=arrivals, compress=compress, seed=seed)
+                    queueing=queueing, arrivals=arrivals, compress=compress, seed=seed,
+                    hop_s=load_hops(hop) if hop else ())
     console.print(f"[bold]{len(tr.jobs)} jobs × {tr.minutes} min[/bold] from {trace}; "
                   f"{cpus} CPUs, SLO {slo_ms:g} ms, service mean {cfg.service.mean * 1000:.0f} ms")
     console.print(f"cold start {cfg.cold_start_s:g} s, queueing {queueing}, arrivals {arrivals}, "
-                  f"service {service_time}, seed {seed}"
+                  f"service {service_time}, seed {seed}, hops {cfg.label()['hop_s']}"
                   + (f", compressed {compress:g}x (latencies in compressed seconds)"
                      if compress != 1 else ""), style="dim")
     results = []

@@ -38,6 +38,7 @@ import os
 import signal
 import socket
 import sys
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -184,6 +185,15 @@ def make_app(m: Loaded, batcher: Batcher) -> Starlette:
                              "profile_ms": {str(b): round(t, 4) for b, t in m.profile_ms.items()}})
 
     async def infer(request: Request) -> Response:
+        """The answer, with `Server-Timing: replica;dur=MS`: the time from the request
+        reaching this replica's handler to its answer (reading it, its wait for a batch, and
+        the model)."""
+        t0 = time.perf_counter()
+        r = await answer(request)
+        r.headers["server-timing"] = f"replica;dur={(time.perf_counter() - t0) * 1000:.3f}"
+        return r
+
+    async def answer(request: Request) -> Response:
         body = await request.body()
         npy = request.headers.get("content-type", "").split(";")[0].strip() == NPY
         try:

@@ -209,13 +209,17 @@ class Router:
         t0 = time.perf_counter()
         deadline = t0 + self.spec.timeout_s
         s.window_arrivals += 1
+        queued = 0.0  # time waiting for a replica with room
         while True:
+            tq = time.perf_counter()
             got = await self._replica(s, deadline)
+            queued += time.perf_counter() - tq
             if isinstance(got, int):
                 self._done(s, got, t0)
                 detail = "queue full" if got == 503 else "timed out in the queue"
                 return Response(f'{{"detail": "{detail}"}}', got)
             _, replica = got
+            timing = None
             try:
                 assert self.client is not None
                 left = max(deadline - time.perf_counter(), 0.001)
@@ -224,6 +228,7 @@ class Router:
                                             timeout=aiohttp.ClientTimeout(total=left)) as r:
                     content = await r.read()
                     code, kind = r.status, r.headers.get("content-type")
+                    timing = r.headers.get("server-timing")
             except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as e:
                 if isinstance(e, aiohttp.ServerTimeoutError):
                     code, content, kind = 504, b'{"detail": "replica timed out"}', None
@@ -242,7 +247,11 @@ class Router:
                 async with s.cond:
                     s.cond.notify_all()
             self._done(s, code, t0)
-            return Response(content, code, media_type=kind or "application/json")
+            # Server-Timing: its wait here for a replica, then the replica's own time, so that a
+            # client can tell the hops' cost from the queueing and the model.
+            timing = f"queue;dur={queued * 1000:.3f}" + (f", {timing}" if timing else "")
+            return Response(content, code, media_type=kind or "application/json",
+                            headers={"server-timing": timing})
 
     # --- control operations, run on the router's loop -------------------------------------
 

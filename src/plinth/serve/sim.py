@@ -19,6 +19,11 @@ What the replay models, and the options that change it (`SimConfig`; each run re
   real replica (`COLD_START_S`: process start plus model load, see bench/serve_cold_start.py);
   Faro's simulator uses 35 s. Scaling down removes starting replicas first, then the newest; a
   removed replica finishes the requests it holds.
+- Hops (`hop_s`): a request's time outside its replica and the router's queue (the HTTP hops
+  from the sender to the router to the replica and back, and the processes' own handling), in
+  the replay's seconds. By default none. Given samples measured on the real path (each answer's
+  Server-Timing against its latency, see bench/serve_real.py), each request adds one drawn at
+  random; a hop holds no replica.
 - Time compression (`compress` = c): the real serving path replays one trace minute in 60/c s,
   with service times, SLO and control periods all divided by c, but a replica still takes its
   real cold start. The replay is then the same as the uncompressed one with a cold start c times
@@ -38,10 +43,13 @@ dropped request, shed or not, is an SLO violation.
 from __future__ import annotations
 
 import heapq
+import json
+import math
 import time as wallclock
 from bisect import bisect_right
 from collections import deque
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -80,8 +88,11 @@ class SimConfig:
     arrivals: str = "uniform"
     compress: float = 1.0
     seed: int = 0
+    hop_s: tuple[float, ...] = ()  # measured hop times to draw from, in the replay's seconds
 
     def __post_init__(self) -> None:
+        if not all(math.isfinite(h) and h >= 0 for h in self.hop_s):
+            raise SpecError("--hop: every hop time must be a finite number of seconds >= 0")
         if self.slo_s <= self.service.mean:
             raise SpecError(f"--slo-ms: {self.slo_s * 1000:g} ms is not above the mean service "
                             f"time {self.service.mean * 1000:.0f} ms")
@@ -101,14 +112,35 @@ class SimConfig:
         d = asdict(self)
         d["service"] = (f"{self.service.kind}(shape={self.service.shape:g}, "
                         f"loc={self.service.loc:g}, scale={self.service.scale:g})")
+        h = np.asarray(self.hop_s)
+        d["hop_s"] = (f"{h.size} samples: median {np.median(h) * 1000:.1f} ms, p99 "
+                      f"{np.percentile(h, 99) * 1000:.1f} ms" if h.size else "none")
         return d
+
+
+def load_hops(path: str) -> tuple[float, ...]:
+    """Hop times (s) measured on the real path: a JSON list of seconds, or an object whose
+    "hop_s" is one (what bench/serve_real.py --hop-out writes)."""
+    try:
+        doc = json.loads(Path(path).read_text())
+    except OSError as e:
+        raise SpecError(f"--hop: cannot read {path}: {e.strerror}") from None
+    except ValueError as e:
+        raise SpecError(f"--hop: {path} is not JSON: {e}") from None
+    hops = doc.get("hop_s") if isinstance(doc, dict) else doc
+    if not isinstance(hops, list) or not hops or not all(
+            isinstance(h, int | float) and not isinstance(h, bool) for h in hops):
+        raise SpecError(f"--hop: {path} must hold a non-empty list of seconds (or "
+                        f'{{"hop_s": [...]}})')
+    return tuple(float(h) for h in hops)
 
 
 @dataclass(slots=True)
 class SimResult:
     policy: str
     jobs: tuple[str, ...]
-    slo_violation_rate: float
+    slo_violation_rate: float  # 1 - the mean over minutes of the jobs' mean satisfaction (Faro's)
+    request_violation_rate: float  # the share of all requests late or dropped
     lost_utility: float
     p50_latency_s: float
     p99_latency_s: float
@@ -125,6 +157,7 @@ class SimResult:
 
     def row(self) -> dict[str, object]:
         return {"policy": self.policy, "slo_violation_rate": self.slo_violation_rate,
+                "request_violation_rate": self.request_violation_rate,
                 "lost_utility": self.lost_utility, "p50_latency_s": self.p50_latency_s,
                 "p99_latency_s": self.p99_latency_s, "requests": self.requests,
                 "dropped": self.dropped, "solver_ms_mean": self.solver_ms_mean,
@@ -304,6 +337,8 @@ def simulate(trace: CountTrace, policy: Policy, cfg: SimConfig) -> SimResult:
         _Router(int(r), cfg.concurrency, least=cfg.queueing == "router") for r in replicas]
     rngs = [np.random.default_rng([cfg.seed, j, 0]) for j in range(n)]
     admit_rngs = [np.random.default_rng([cfg.seed, j, 1]) for j in range(n)]
+    hop_rngs = [np.random.default_rng([cfg.seed, j, 2]) for j in range(n)]
+    hops = np.asarray(cfg.hop_s, float) * cfg.compress  # in trace time
     cold = cfg.cold_start_s * cfg.compress  # in trace time
     admit = np.ones(n)
     ctl = Controller(policy, n)
@@ -324,8 +359,9 @@ def simulate(trace: CountTrace, policy: Policy, cfg: SimConfig) -> SimResult:
             for kind in (ADVANCE, DECIDE):
                 heapq.heappush(heap, (m * 60.0 - 60.0 + k * TICK_S, kind, seq))
                 seq += 1
-    # Requests of the current minute, per job: arrival times, service times, admission draws.
-    cur: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+    # Requests of the current minute, per job: arrival times, service times, admission draws,
+    # hop times.
+    cur: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]] = []
     minute_lat: list[list[np.ndarray]] = [[] for _ in range(n)]
     t_prev = 0.0
 
@@ -339,7 +375,8 @@ def simulate(trace: CountTrace, policy: Policy, cfg: SimConfig) -> SimResult:
             else:
                 arr = _arrivals(cfg.arrivals, rngs[j], int(counts[m, j]), m)
             c = arr.size
-            cur.append((arr, cfg.service.sample(rngs[j], c), admit_rngs[j].random(c)))
+            hop = hops[hop_rngs[j].integers(hops.size, size=c)] if hops.size else None
+            cur.append((arr, cfg.service.sample(rngs[j], c), admit_rngs[j].random(c), hop))
 
     load_minute(0)
     win_arr = np.zeros(n, np.int64)
@@ -369,11 +406,13 @@ def simulate(trace: CountTrace, policy: Policy, cfg: SimConfig) -> SimResult:
             win_p99 = np.zeros(n)
             win_mean = np.zeros(n)
             for j, job in enumerate(jobs):
-                arr, svc, draw = cur[j]
+                arr, svc, draw, hop = cur[j]
                 lo, hi = np.searchsorted(arr, [t_prev, now], side="left")
                 cap = job.cap(cfg.queue, cfg.concurrency)
                 admitted = draw[lo:hi] < admit[j]
                 lat = job.run(arr[lo:hi], svc[lo:hi], admitted, cap)
+                if hop is not None:
+                    lat += hop[lo:hi]  # (a dropped request's inf stays inf)
                 minute_lat[j].append(lat)
                 win_arr[j] = lat.size
                 # Requests shed on purpose by admission control are not a sign of overload.
@@ -407,6 +446,7 @@ def simulate(trace: CountTrace, policy: Policy, cfg: SimConfig) -> SimResult:
     p99 = float(_BINS[1:][np.searchsorted(cdf, 0.99)]) / cfg.compress if hist.sum() else 0.0
     sms = ctl.solver_ms
     return SimResult(policy.name, trace.jobs, float(1.0 - sat.mean(axis=1).mean()),
+                     float(1.0 - good.sum() / total) if total else 0.0,
                      float(n - util.sum(axis=1).mean()), p50, p99, total, int(dropped.sum()),
                      float(np.mean(sms)) if sms else 0.0, float(np.max(sms)) if sms else 0.0,
                      sat, util, np.asarray(tick_times), np.asarray(timeline),
