@@ -34,6 +34,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -83,6 +84,7 @@ async def replay(urls: dict[str, str], rows: list[dict], minute_s: float, slo_s:
             n = sum(counts.values())
             plan += [(m * minute_s + t, job, m) for t in rng.uniform(0, minute_s, n)]
     plan.sort()
+    started_at = time.time()
     results: list[tuple[str, int, float, int]] = []
     hops: list[float] = []
     body = json.dumps({"inputs": [[0.0]]})
@@ -116,7 +118,7 @@ async def replay(urls: dict[str, str], rows: list[dict], minute_s: float, slo_s:
             if delay > 0:
                 await asyncio.sleep(delay)
             tasks.append(asyncio.create_task(one(c, job, m)))
-        late = time.perf_counter() - t0 - len(rows) * minute_s  # how far the sender fell behind
+        overrun = time.perf_counter() - t0 - len(rows) * minute_s  # how far the sender fell behind
         await asyncio.gather(*tasks)
     jobs = sorted({job for _, job, _ in plan})
     asked = np.zeros((len(rows), len(jobs)))
@@ -127,6 +129,7 @@ async def replay(urls: dict[str, str], rows: list[dict], minute_s: float, slo_s:
         asked[m, jobs.index(job)] += 1
         good[m, jobs.index(job)] += code == 200 and lat <= slo_s
     lats = [lat for _, code, lat, _ in results if code == 200]
+    late = (asked - good).sum(axis=1).astype(int).tolist()
     sat = np.where(asked > 0, good / np.maximum(asked, 1), 1.0)
     return {"requests": len(results),
             "request_violation_rate": 1 - good.sum() / max(asked.sum(), 1),
@@ -135,7 +138,7 @@ async def replay(urls: dict[str, str], rows: list[dict], minute_s: float, slo_s:
             "p99_latency_s": float(np.percentile(lats, 99)) if lats else None,
             "hop_s": hops, "hop_p50_ms": float(np.percentile(hops, 50)) * 1000 if hops else None,
             "hop_p99_ms": float(np.percentile(hops, 99)) * 1000 if hops else None,
-            "overrun_s": round(late, 2)}
+            "overrun_s": round(overrun, 2), "started_at": started_at, "late_by_minute": late}
 
 
 def real_run(policy: str, rows: list[dict], args, fit_path: Path, jobs: list[str]) -> dict:
@@ -170,13 +173,46 @@ def real_run(policy: str, rows: list[dict], args, fit_path: Path, jobs: list[str
                 if time.monotonic() > deadline:
                     raise SystemExit("replicas not ready after 300 s")
                 time.sleep(0.5)
-            out = asyncio.run(replay(urls, rows, minute_s, slo_ms / 1000, args.seed))
+            # The services' desired replicas through the replay, to set late requests against
+            # scale-ups (each added replica is a cold start on the same 2 cores).
+            seen: list[tuple[float, list[int]]] = []
+            done = threading.Event()
+
+            def watch() -> None:
+                with Client(f"127.0.0.1:{port}", token) as w:
+                    while not done.wait(0.5):
+                        seen.append((time.time(), [w.workload(f"job{i}")["status"]["desired"]
+                                                   for i in range(len(jobs))]))
+
+            watcher = threading.Thread(target=watch, daemon=True)
+            watcher.start()
+            try:
+                out = asyncio.run(replay(urls, rows, minute_s, slo_ms / 1000, args.seed))
+            finally:
+                done.set()
+                watcher.join()
+            out.update(scale_ups(seen, out.pop("started_at"), minute_s, out.pop("late_by_minute")))
             out["replicas_end"] = [c.workload(f"job{i}")["status"]["desired"]
                                    for i in range(len(jobs))]
         return {"policy": policy, "path": "real", **out}
     finally:
         stop_server(proc)
         kill_jobs(home)
+
+
+def scale_ups(seen: list[tuple[float, list[int]]], start: float, minute_s: float,
+              late: list[int]) -> dict:
+    """Replicas added per replay minute (from the watcher's samples), and how many of the
+    late or failed requests were sent in a minute that added some."""
+    added = [0] * len(late)
+    for (_, a), (t, b) in zip(seen, seen[1:]):
+        m = int((t - start) // minute_s)
+        if 0 <= m < len(late):
+            added[m] += sum(max(y - x, 0) for x, y in zip(a, b))
+    busy = [m for m, n in enumerate(added) if n]
+    return {"replicas_added": sum(added), "minutes_adding": len(busy),
+            "late_in_adding_minutes": sum(late[m] for m in busy), "late": sum(late),
+            "late_by_minute": late, "added_by_minute": added}
 
 
 def sim_run(policies: list[str], trace: Path, args, fit_path: Path,
@@ -188,6 +224,7 @@ def sim_run(policies: list[str], trace: Path, args, fit_path: Path,
                f"{args.slo_ms:g}", "--policy", policies[0], "--compress", f"{args.compress:g}",
                "--cold-start", f"{args.cold_start:g}", "--queueing", "router",
                "--arrivals", "uniform", "--seed", str(args.seed), "--json", str(out),
+               "--initial-replicas", "1",  # as the services are submitted: min_replicas 1
                "--out", tmp]
         if len(policies) > 1:
             cmd += ["--compare", ",".join(policies[1:])]
@@ -199,7 +236,8 @@ def sim_run(policies: list[str], trace: Path, args, fit_path: Path,
     return [{"policy": r["policy"], "path": "sim+hop" if hop else "sim",
              "slo_violation_rate": r["slo_violation_rate"],
              "request_violation_rate": r["request_violation_rate"],
-             "p99_latency_s": r.get("p99_latency_s")} for r in rows]
+             "p99_latency_s": r.get("p99_latency_s"), "replicas_added": r["replicas_added"]}
+            for r in rows]
 
 
 def main() -> None:
@@ -242,14 +280,19 @@ def main() -> None:
           f"{args.compress:g}x, {args.cpus} CPUs, SLO {args.slo_ms:g} ms (/{args.compress:g}), "
           f"load average {load}")
     print(f"{'policy':<14} {'path':<8} {'per request':>12} {'Faro rate':>10} {'p99 (s)':>8} "
-          f"{'hop p50/p99 ms':>15} {'requests':>9}")
+          f"{'hop p50/p99 ms':>15} {'requests':>9} {'started':>7}")
     for r in results:
         p99 = r.get("p99_latency_s")
         hop = (f"{r['hop_p50_ms']:.1f}/{r['hop_p99_ms']:.1f}" if r.get("hop_p50_ms") is not None
                else "-")
         print(f"{r['policy']:<14} {r['path']:<8} {r['request_violation_rate']:>12.4f} "
               f"{r['slo_violation_rate']:>10.4f} {'-' if p99 is None else f'{p99:.3f}':>8} "
-              f"{hop:>15} {r.get('requests', '-'):>9}")
+              f"{hop:>15} {r.get('requests', '-'):>9} {r['replicas_added']:>7}")
+    for r in results:
+        if r["path"] == "real":
+            print(f"{r['policy']}, real: {r['late_in_adding_minutes']} of {r['late']} late or "
+                  f"failed requests were sent in the {r['minutes_adding']} of {len(rows)} "
+                  f"minutes that added replicas")
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps({"args": vars(args), "load": load,

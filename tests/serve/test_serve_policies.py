@@ -190,6 +190,19 @@ def test_faro_plans_with_history_then_fixes_between_plans() -> None:
         assert all(d is None for d in full)
 
 
+def test_faros_first_plan_waits_for_a_minute_with_traffic() -> None:
+    """A service started before its clients: minutes without a request are no forecast, so
+    the first plan comes once a minute with traffic has closed, not 5 minutes later."""
+    p = make_policy("faro-fairsum")
+    state = p.initial_state(N)
+    idle, state = p.decide(snap(12, minutes=2, per_minute=(0, 0, 0)), state)
+    assert idle is None
+    busy = snap(19, minutes=3, per_minute=(0, 0, 0))
+    busy.history[:, -1] = (3000, 600, 60)  # the third minute had traffic
+    d, state = p.decide(busy, state)
+    assert d is not None and "fixer" not in d.reason and d.replicas[0] > d.replicas[2]
+
+
 def run_from(policy, state, snaps):
     out = []
     for s in snaps:

@@ -205,3 +205,15 @@ def test_bad_hops_are_one_line(tmp_path: Path) -> None:
                                    "--service-time", str(svc), "--hop",
                                    str(tmp_path / "empty.json"), "--out", ""])
     assert res.exit_code != 0 and "--hop: " in str(res.exception)
+
+
+def test_replicas_added_counts_the_cold_starts_of_a_replay() -> None:
+    tr = synthetic(n=2, minutes=12, peak=600)
+    ramp = CountTrace("ramp", tr.jobs, (tr.counts * np.linspace(0.2, 3, 12)[:, None])
+                      .astype(np.int64))
+    static = simulate(ramp, make_policy("fairshare"), SimConfig(service=SVC, quota=12))
+    assert static.replicas_added() == 0 and static.row()["replicas_added"] == 0
+    grown = simulate(ramp, make_policy("aiad"), SimConfig(service=SVC, quota=12))
+    total = grown.replicas.sum(axis=1)  # it scales down first, then up with the ramp
+    low = int(total.argmin())
+    assert grown.replicas_added() >= total[low:].max() - total[low] > 0

@@ -75,6 +75,9 @@ def sim(
     hop: Annotated[str | None, typer.Option(
         help="Hop times measured on the real path (JSON list of seconds, in the replay's "
              "seconds): each request adds one, drawn at random (default: none).")] = None,
+    initial_replicas: Annotated[int | None, typer.Option(
+        help="Replicas each job starts with (default: its fair share of --cpus, as in Faro's "
+             "experiments; the platform starts a service at its min_replicas).")] = None,
     seed: Annotated[int, typer.Option()] = 0,
     json_path: Annotated[str | None, typer.Option("--json", help="Write results JSON.")] = None,
     out: Annotated[str | None, typer.Option(help="Folder for plots.")] = "results/serve",
@@ -99,7 +102,7 @@ def sim(
     cfg = SimConfig(service=load_service_time(service_time), slo_s=slo_ms / 1000.0, quota=cpus,
                     cold_start_s=COLD_START_S if cold_start_s is None else cold_start_s,
                     queueing=queueing, arrivals=arrivals, compress=compress, seed=seed,
-                    hop_s=load_hops(hop) if hop else ())
+                    hop_s=load_hops(hop) if hop else (), initial_replicas=initial_replicas)
     console.print(f"[bold]{len(tr.jobs)} jobs × {tr.minutes} min[/bold] from {trace}; "
                   f"{cpus} CPUs, SLO {slo_ms:g} ms, service mean {cfg.service.mean * 1000:.0f} ms")
     console.print(f"cold start {cfg.cold_start_s:g} s, queueing {queueing}, arrivals {arrivals}, "

@@ -19,6 +19,9 @@ What the replay models, and the options that change it (`SimConfig`; each run re
   real replica (`COLD_START_S`: process start plus model load, see bench/serve_cold_start.py);
   Faro's simulator uses 35 s. Scaling down removes starting replicas first, then the newest; a
   removed replica finishes the requests it holds.
+- Start (`initial_replicas`): by default each job starts with its fair share of the quota, as
+  in Faro's experiments; a number k starts each job at k replicas, ready, as the platform starts
+  a service at its `min_replicas`.
 - Hops (`hop_s`): a request's time outside its replica and the router's queue (the HTTP hops
   from the sender to the router to the replica and back, and the processes' own handling), in
   the replay's seconds. By default none. Given samples measured on the real path (each answer's
@@ -89,8 +92,11 @@ class SimConfig:
     compress: float = 1.0
     seed: int = 0
     hop_s: tuple[float, ...] = ()  # measured hop times to draw from, in the replay's seconds
+    initial_replicas: int | None = None  # per job at the start; None: the fair share
 
     def __post_init__(self) -> None:
+        if self.initial_replicas is not None and self.initial_replicas < 1:
+            raise SpecError(f"--initial-replicas: {self.initial_replicas} must be >= 1")
         if not all(math.isfinite(h) and h >= 0 for h in self.hop_s):
             raise SpecError("--hop: every hop time must be a finite number of seconds >= 0")
         if self.slo_s <= self.service.mean:
@@ -155,12 +161,17 @@ class SimResult:
     wall_s: float
     reasons: list[str] = field(default_factory=list)
 
+    def replicas_added(self) -> int:
+        """Replicas started over the replay (each one a cold start)."""
+        return int(np.clip(np.diff(self.replicas, axis=0), 0, None).sum())
+
     def row(self) -> dict[str, object]:
         return {"policy": self.policy, "slo_violation_rate": self.slo_violation_rate,
                 "request_violation_rate": self.request_violation_rate,
                 "lost_utility": self.lost_utility, "p50_latency_s": self.p50_latency_s,
                 "p99_latency_s": self.p99_latency_s, "requests": self.requests,
-                "dropped": self.dropped, "solver_ms_mean": self.solver_ms_mean,
+                "dropped": self.dropped, "replicas_added": self.replicas_added(),
+                "solver_ms_mean": self.solver_ms_mean,
                 "solver_ms_max": self.solver_ms_max, "wall_s": self.wall_s}
 
 
@@ -331,7 +342,13 @@ def simulate(trace: CountTrace, policy: Policy, cfg: SimConfig) -> SimResult:
     check_quota(n, cfg.quota)
     slo = np.full(n, cfg.slo_s)
     svc_mean = np.full(n, cfg.service.mean)
-    replicas = fair_share(n, cfg.quota)
+    if cfg.initial_replicas is None:
+        replicas = fair_share(n, cfg.quota)
+    elif cfg.initial_replicas * n > cfg.quota:
+        raise SpecError(f"--initial-replicas: {cfg.initial_replicas} for each of {n} jobs is "
+                        f"more than the quota of {cfg.quota}")
+    else:
+        replicas = np.full(n, cfg.initial_replicas, np.int64)
     jobs: list[_Fifo | _Router] = [
         _Fifo(int(r)) if cfg.queueing == "fifo" else
         _Router(int(r), cfg.concurrency, least=cfg.queueing == "router") for r in replicas]

@@ -67,7 +67,10 @@ class Faro:
         return Decision(sol.replicas, admit, f"{self.name}: {sol.reason}", sol.solve_ms)
 
     def decide(self, snap: Snapshot, state: FaroState) -> tuple[Decision | None, FaroState]:
-        if snap.history.shape[1] > 0 and snap.now - state.last_plan >= self.period_s:
+        # The first plan waits for a minute with traffic: a plan from a service's idle minutes
+        # (started before its clients) would hold it at its minimum until the next plan.
+        if snap.history.shape[1] > 0 and snap.now - state.last_plan >= self.period_s and \
+                snap.history.any():
             d = self.plan(snap, snap.replicas.astype(float))
             return d, FaroState(snap.now, np.zeros(snap.n, np.int64), d.admit)
         over = snap.window_p99_s > snap.slo_s
