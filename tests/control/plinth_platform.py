@@ -4,6 +4,7 @@ so that tests import it by a name no other test folder uses."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -49,6 +50,16 @@ class Platform:
 
         return Client(self.url, token or self.token)
 
+    def launched(self, job_id: int) -> bool:
+        """Whether the store holds the job's launch (its handle). "running" is recorded when the
+        scheduler starts a job, before its processes are forked: a control plane killed between
+        the two finds nothing to re-adopt, so a restart test waits for this too."""
+        import sqlite3
+        from contextlib import closing
+
+        with closing(sqlite3.connect(f"file:{self.home / 'plinth.db'}?mode=ro", uri=True)) as db:
+            row = db.execute("SELECT handle FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        return row is not None and json.loads(row[0] or "null") is not None  # JSON null: none
 
     def kill_jobs(self) -> None:
         from plinth.cli.quickstart import kill_jobs

@@ -85,7 +85,7 @@ def test_ls_fits_80_columns(shared_platform) -> None:
 def test_restart_is_in_the_history_and_summed_up(platform, wait_for) -> None:
     with platform.client() as c:
         j = c.submit({"name": "survivor", "command": "sleep 30"})
-        wait_for(lambda: c.job(j)["state"] == "running", what="running")
+        wait_for(lambda: platform.launched(j), what="launched")
     platform.stop(signal.SIGKILL)
     platform.start()
     with platform.client() as c:

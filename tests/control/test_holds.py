@@ -165,7 +165,7 @@ def test_holds_survive_a_restart(platform, wait_for) -> None:
     with platform.client() as c:
         blocker = c.submit(job("sleep 60"))
         held = c.submit(job(["true"], afterok=[blocker]))
-        wait_for(lambda: c.job(blocker)["state"] == "running", what="blocker running")
+        wait_for(lambda: platform.launched(blocker), what="blocker launched")
     platform.stop(signal.SIGKILL)
     platform.start()
     with platform.client() as c:

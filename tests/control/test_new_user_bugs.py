@@ -187,7 +187,7 @@ def test_6_request_bodies_are_capped(shared_platform) -> None:
 def test_8_a_job_that_ended_while_down_keeps_its_end_time(platform, wait_for) -> None:
     with platform.client() as c:
         j = c.submit({"name": "short", "command": "sleep 1"})
-        wait_for(lambda: c.job(j)["state"] == "running", what="running")
+        wait_for(lambda: platform.launched(j), what="launched")
     platform.stop(signal.SIGKILL)
     exit_file = wait_for(lambda: next((platform.home / "runtime" / "exit").glob(f"j{j}-*.exit"),
                                       None), what="the exit file")

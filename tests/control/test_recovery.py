@@ -23,8 +23,8 @@ def test_sigkill_restart_readopts_and_keeps_the_queue(platform, wait_for, tmp_pa
         hog = c.submit(spec(f"while [ ! -e {flag} ]; do sleep 0.05; done; echo released",
                             gpus=3, name="hog"))
         short = c.submit(spec("sleep 1; echo short-done", name="short"))
-        wait_for(lambda: c.job(hog)["state"] == "running" and c.job(short)["state"] == "running",
-                 what="both running")
+        wait_for(lambda: platform.launched(hog) and platform.launched(short),
+                 what="both launched")
         queued = c.submit(spec("echo queued-ran", gpus=4, name="queued"))
         wait_for(lambda: not c.job(queued)["reason"].startswith("queued"),
                  what="a pass has examined the queued job")

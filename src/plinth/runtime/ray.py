@@ -394,6 +394,13 @@ class RayRuntime(EventQueue):
         ray = self.ray
         try:
             wk.code, wk.ended_at = ray.get(wk.wait_ref)
+            if wk.code is None and wk.actor is not None:
+                # Vanished: with its actor? A killed actor's worker may die a moment before it
+                # does, and the actor still answer `wait`; a dead one fails this call at once.
+                try:
+                    ray.get(wk.actor.info.remote(), timeout=CALL_TIMEOUT_S)
+                except ray.exceptions.GetTimeoutError:
+                    pass  # busy, not known dead: the worker alone vanished
         except ray.exceptions.RayError as e:  # the actor, its worker process or its node died
             wk.code, wk.why = None, f"its actor {wk.name} died ({one_line(e)})"
             wk.actor = None
