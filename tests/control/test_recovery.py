@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 import signal
+import sqlite3
 import time
+from contextlib import closing
 
 import psutil
 
@@ -79,5 +81,26 @@ def test_job_lost_while_down_is_requeued(platform, wait_for) -> None:
                  what="requeued and restarted")
         kinds = [e["kind"] for e in c.job(j)["events"]]
         assert kinds[:3] == ["submitted", "started", "lost"] and kinds.count("started") == 2
+        c.cancel(j)
+        assert c.wait(j, timeout=30) == "cancelled"
+
+
+def test_a_launch_killed_before_it_was_stored_is_readopted(platform, wait_for) -> None:
+    """kill -9 after the fork but before the handle is stored leaves the job running with no
+    handle (staged here by clearing it): the restarted control plane finds its workers through
+    the runtime's journal and re-adopts them, rather than starting a second copy beside them."""
+    with platform.client() as c:
+        j = c.submit(spec("sleep 60", name="unrecorded"))
+        wait_for(lambda: platform.launched(j), what="launched")
+        procs = wait_for(lambda: _job_processes(platform.home, j), what="the job's processes")
+    platform.stop(signal.SIGKILL)
+    with closing(sqlite3.connect(platform.home / "plinth.db")) as db, db:
+        db.execute("UPDATE jobs SET handle = NULL WHERE id = ?", (j,))
+    assert not platform.launched(j)
+    platform.start()
+    with platform.client() as c:
+        kinds = [e["kind"] for e in c.job(j)["events"]]
+        assert kinds == ["submitted", "started", "re-adopted"] and c.job(j)["attempt"] == 1, kinds
+        assert {p.pid for p in _job_processes(platform.home, j)} == {p.pid for p in procs}
         c.cancel(j)
         assert c.wait(j, timeout=30) == "cancelled"

@@ -111,9 +111,10 @@ class Harness(ABC):
         """The environment worker `rank` got (or, without processes, would get)."""
 
     @abstractmethod
-    def restart(self, down_s: float = 0.0) -> None:
+    def restart(self, down_s: float = 0.0, *, recorded: bool = True) -> None:
         """Close the runtime, let `down_s` pass with none, and start a new one that adopts every
-        launched attempt not yet seen to end (from handles round-tripped through JSON)."""
+        launched attempt not yet seen to end: from handles round-tripped through JSON, or, when
+        not `recorded` (a control plane killed before it stored them), found by the runtime."""
 
     @abstractmethod
     def close(self) -> None:
@@ -126,6 +127,19 @@ class Harness(ABC):
     def _poll(self) -> list[RuntimeEvent]: ...
 
     # -------------------------------------------------------------- shared
+
+    def _adopt_all(self, recorded: bool) -> None:
+        """For a runtime with handles (`self.rt`): adopt what was launched and has not ended."""
+        ended = {key(e) for e in self._seen if e.kind in TERMINAL}
+        for h in self.launched:
+            if key(h) in ended:
+                continue
+            if recorded:
+                self.rt.adopt(Handle.from_dict(json.loads(json.dumps(h.to_dict()))))
+            else:
+                found = self.rt.find(h.job_id, h.attempt, len(h.procs))
+                assert found == h, f"{self.name}: find gave {found}, launch gave {h}"
+                self.rt.adopt(found)
 
     def events(self) -> list[RuntimeEvent]:
         """Every event so far, in the order the runtime delivered them (across restarts)."""
@@ -234,15 +248,12 @@ class LocalHarness(Harness):
     def checkpoint_dir(self, handle: Handle) -> str:
         return str(self.dir / f"ck{handle.job_id}")
 
-    def restart(self, down_s: float = 0.0) -> None:
+    def restart(self, down_s: float = 0.0, *, recorded: bool = True) -> None:
         self.rt.close()
         self.events()  # what the old runtime queued before it closed
         time.sleep(down_s)
         self.rt = LocalRuntime(self.home, fake_gpus=self.FAKE_GPUS)
-        ended = {key(e) for e in self._seen if e.kind in TERMINAL}
-        for h in self.launched:
-            if key(h) not in ended:
-                self.rt.adopt(Handle.from_dict(json.loads(json.dumps(h.to_dict()))))
+        self._adopt_all(recorded)
 
     def close(self) -> None:
         for job_id, attempt in self.rt.running():
@@ -326,7 +337,8 @@ class SimHarness(Harness):
     def checkpoint_dir_of(self, job_id: int) -> str:
         return str(self.ck_root / str(job_id))
 
-    def restart(self, down_s: float = 0.0) -> None:
+    def restart(self, down_s: float = 0.0, *, recorded: bool = True) -> None:
+        # The simulated runtime adopts by job and attempt: a handle is never needed.
         self.events()  # what the old runtime delivered before it went down
         self.rt = self.rt.restart()
         self.t += down_s  # the processes run on; no runtime watches them
@@ -395,17 +407,14 @@ class RayHarness(LocalHarness):
         self.address = address
         self.rt = RayRuntime(address)
 
-    def restart(self, down_s: float = 0.0) -> None:
+    def restart(self, down_s: float = 0.0, *, recorded: bool = True) -> None:
         from plinth.runtime.ray import RayRuntime
 
         self.rt.close()
         self.events()
         time.sleep(down_s)
         self.rt = RayRuntime(self.address)
-        ended = {key(e) for e in self._seen if e.kind in TERMINAL}
-        for h in self.launched:
-            if key(h) not in ended:
-                self.rt.adopt(Handle.from_dict(json.loads(json.dumps(h.to_dict()))))
+        self._adopt_all(recorded)
 
 
 # The runtimes the contract suite runs against, by name.

@@ -184,3 +184,33 @@ def test_adopted_attempts_report_their_checkpoints(make_rt, tmp_path):
     assert (ev.job_id, ev.kind, ev.step) == (JOB, EventKind.CHECKPOINTED, 8)
     (tmp_path / "a-end").touch()
     assert [e.kind for e in wait_events(second)] == [EventKind.EXITED]
+
+
+def test_find_gives_an_unrecorded_launch_and_kills_a_half_started_gang(make_rt, tmp_path):
+    """A control plane killed during a launch stored no handle: the runtime's journal gives it
+    back whole, and kills a gang it started only part of (it would run on unwatched)."""
+    first = make_rt(fake_gpus="2xA100")
+    assert first.find(JOB, 1, 2) is None  # never launched
+    h = first.launch(spec(tmp_path, _gated(tmp_path, 0), workers=2))
+    first.close()
+    second = make_rt(fake_gpus="2xA100")
+    found = second.find(JOB, 1, 2)
+    assert found == h
+    # As a control plane killed between the two forks leaves the journal: rank 0 only.
+    journal = tmp_path / "home" / "launched" / f"j{JOB}-a1.json"
+    whole = json.loads(journal.read_text())
+    journal.write_text(json.dumps({**whole, "procs": whole["procs"][:1]}))
+    assert second.find(JOB, 1, 2) is None
+    wait_for(lambda: not psutil.pid_exists(h.procs[0].pid)
+             or psutil.Process(h.procs[0].pid).status() == psutil.STATUS_ZOMBIE,
+             "rank 0 to be killed")
+    assert psutil.pid_exists(h.procs[1].pid) and not journal.exists()
+    os.killpg(h.procs[1].pid, 9)
+
+
+def test_an_ended_attempt_leaves_no_journal(make_rt, tmp_path):
+    rt = make_rt()
+    rt.launch(spec(tmp_path, sh("exit 0")))
+    wait_events(rt)
+    assert rt.find(JOB, 1, 1) is None
+    assert list((tmp_path / "home" / "launched").iterdir()) == []

@@ -207,6 +207,15 @@ def test_restart_adopts_running_workers_and_can_stop_them(harness):
     assert harness.terminal(h).exit_code == STOPPED
 
 
+def test_restart_finds_a_launch_that_was_never_recorded(harness):
+    h = harness.launch(Scenario(duration_s=FOREVER_S), workers=2)
+    harness.restart(recorded=False)  # as after a control plane killed during the launch
+    harness.advance(0.2)
+    assert harness.events_of(h) == []
+    harness.stop(h, grace_s=30)
+    assert harness.terminal(h).exit_code == STOPPED
+
+
 def test_restart_keeps_watching_exits_and_checkpoints(harness):
     h = harness.launch(Scenario(duration_s=0.8, checkpoints=((0.4, 6),), exit_code=5))
     harness.restart()

@@ -1,8 +1,9 @@
 """After a (re)start: the owner rebuilt from the store, and one line saying what was found.
 
 Pending jobs queue again (or are held again, if they wait on dependencies or an array's turn);
-running ones are re-adopted if their processes are still the same, else requeued as lost; a job
-that ended while no control plane watched it gets its exit code and end time from its exit
+running ones are re-adopted if their processes are still the same, else requeued as lost (a
+launch the control plane died before storing is found through the runtime's own record,
+`Runtime.find`, so that it is neither lost nor left running unwatched); a job that ended while no control plane watched it gets its exit code and end time from its exit
 file; a job whose stored spec no longer passes the checks fails alone.
 """
 
@@ -76,10 +77,17 @@ def recover(cp: ControlPlane) -> None:
             owner.restore(js, now)
             continue
         alloc = allocation_from_json(row["allocation"]) if row["allocation"] else None
-        if row["handle"] is None or alloc is None or not owner.held.fits(alloc, job.request):
+        stored = row["handle"]
+        if stored is None and alloc is not None:
+            # Killed during the launch, before storing its handle: the runtime's own record.
+            launched = cp.runtime.find(job.id, row["attempt"], len(alloc.slots))
+            if launched is not None:
+                stored = launched.to_dict()
+                cp.store.update_job(job.id, handle=stored)
+        if stored is None or alloc is None or not owner.held.fits(alloc, job.request):
             # Killed between recording the start and launching, or the nodes changed.
             why = ("control plane restarted before the launch was recorded"
-                   if row["handle"] is None else "allocation no longer fits")
+                   if stored is None else "allocation no longer fits")
             if row["stop_reason"] == StopReason.CANCEL.value:  # it was cancelled: it ends
                 cp.store.transition(job.id, state, State.CANCELLED, now, "cancelled",
                                     f"cancelled; nothing was running ({why})",
@@ -97,7 +105,7 @@ def recover(cp: ControlPlane) -> None:
         js.start_time = js.first_start = row["start_time"]
         stop = StopReason(row["stop_reason"]) if row["stop_reason"] else None
         owner.restore(js, now, stop=stop)
-        handle = cp.handles[job.id] = Handle.from_dict(row["handle"])
+        handle = cp.handles[job.id] = Handle.from_dict(stored)
         if cp.runtime.adopt(handle):
             found.readopted += 1
             cp.store.add_events([Event(job.id, "re-adopted", "after a control plane restart: "

@@ -132,6 +132,12 @@ class Runtime(Protocol):
         run (and are now watched); otherwise an EXITED or LOST event is queued and False returned."""
         ...
 
+    def find(self, job_id: int, attempt: int, workers: int) -> Handle | None:
+        """The handle of an attempt launched by a control plane that died before it stored it
+        (for `adopt`); None if it never started, after killing the part of its `workers`-wide
+        gang that did, which would otherwise run on unwatched."""
+        ...
+
     def poll(self) -> list[RuntimeEvent]:
         """Events since the last call, without blocking."""
         ...

@@ -27,6 +27,7 @@ GPUs; a worker's GPU indices are local to its node and mapped to the machine's n
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 import pwd
@@ -126,6 +127,7 @@ class LocalRuntime(EventQueue):
                  gang_grace_s: float = 10.0, cgroup_parent: Path | None = None) -> None:
         self.home = Path(home)
         (self.home / "exit").mkdir(parents=True, exist_ok=True)
+        (self.home / "launched").mkdir(exist_ok=True)
         self.node_name = node_name
         self.gang_grace_s = gang_grace_s
         self.gpus: list[GpuInfo] = make_fake_gpus(fake_gpus) if fake_gpus else discover_gpus()
@@ -181,7 +183,9 @@ class LocalRuntime(EventQueue):
         try:
             for w in ordered:
                 started.append(self._start(spec, w, envs[w.rank]))
+                self._write_journal(spec, started)
         except Exception as e:  # noqa: BLE001 -- whatever stops a worker, none is left running
+            self._journal(spec.job_id, spec.attempt).unlink(missing_ok=True)
             for wk in started:  # all or nothing
                 _killpg(wk.pid, signal.SIGKILL)
                 os.waitpid(wk.pid, 0)
@@ -193,10 +197,23 @@ class LocalRuntime(EventQueue):
         with self._lock:
             self._attempts[key] = _Attempt(spec.job_id, spec.attempt, started,
                                            spec.checkpoint_dir, launched_at)
-        return Handle(spec.job_id, spec.attempt,
-                      tuple(ProcRef(w.pid, w.start_time, w.exit_file, w.start_ticks)
-                            for w in started),
-                      spec.checkpoint_dir)
+        return _handle(spec, started)
+
+    def find(self, job_id: int, attempt: int, workers: int) -> Handle | None:
+        """The handle of a launch the control plane did not live to record, from the journal
+        `launch` writes as each worker starts. A gang only partly started is killed."""
+        path = self._journal(job_id, attempt)
+        try:
+            handle = Handle.from_dict(json.loads(path.read_text()))
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        if len(handle.procs) == workers:
+            return handle
+        for ref in handle.procs:  # it would run on unwatched, beside the attempt that follows
+            if _same_process(ref) is not None:
+                _killpg(ref.pid, signal.SIGKILL)
+        path.unlink(missing_ok=True)
+        return None
 
     def stop(self, job_id: int, attempt: int, grace_s: float) -> None:
         with self._lock:
@@ -205,6 +222,7 @@ class LocalRuntime(EventQueue):
                 self._stop(att, grace_s, f"stopped (SIGTERM, SIGKILL after {grace_s:g}s)")
 
     def adopt(self, handle: Handle) -> bool:
+        """See Runtime.adopt; also takes a handle from `find`."""
         key = (handle.job_id, handle.attempt)
         with self._lock:
             if key in self._attempts:
@@ -218,6 +236,7 @@ class LocalRuntime(EventQueue):
             # A checkpoint saved while no runtime watched still comes before the end, and the
             # end is dated by the exit files, not by this adoption.
             end = dataclasses.replace(self._final(att), at=_exit_time(workers))
+            self._journal(*key).unlink(missing_ok=True)
             self._emit([*self._checkpoints([att], final=True), end])
             return False
         for w in workers:
@@ -345,10 +364,8 @@ class LocalRuntime(EventQueue):
     def _adopt_worker(self, rank: int, ref: ProcRef) -> _Worker:
         wk = _Worker(rank, ref.pid, ref.start_time, ref.exit_file, own=False)
         try:
-            p = psutil.Process(ref.pid)
-            same = start_ticks(ref.pid) == ref.start_ticks if ref.start_ticks else \
-                abs(p.create_time() - ref.start_time) <= START_TIME_TOLERANCE_S
-            if same:
+            p = _same_process(ref)
+            if p is not None:
                 wk.proc = p
                 # Launched by an earlier runtime in this same process (tests, a restarted
                 # control loop): it is still our child and must be reaped by us.
@@ -408,6 +425,7 @@ class LocalRuntime(EventQueue):
                             wk.killed = True
                 if all(wk.done for wk in att.workers):
                     del self._attempts[key]
+                    self._journal(*key).unlink(missing_ok=True)
                     end = self._final(att)
                     if not all(wk.own for wk in att.workers):
                         # Adopted: a shim still exiting when the control plane came back may
@@ -445,6 +463,17 @@ class LocalRuntime(EventQueue):
                                 f"rank {lost[0]} ended without leaving an exit code")
         code = next((w.code for w in att.ended if w.code), 0)
         return RuntimeEvent(att.job_id, att.attempt, EventKind.EXITED, code, att.reason)
+
+    def _journal(self, job_id: int, attempt: int) -> Path:
+        """Where `launch` records an attempt's workers as they start, until the attempt ends:
+        a control plane killed before it stored the handle finds them here (`find`)."""
+        return self.home / "launched" / f"j{job_id}-a{attempt}.json"
+
+    def _write_journal(self, spec: LaunchSpec, started: list[_Worker]) -> None:
+        path = self._journal(spec.job_id, spec.attempt)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(_handle(spec, started).to_dict()))
+        os.replace(tmp, path)
 
     def _release(self, job_id: int, attempt: int, wk: _Worker) -> None:
         self._limiter.release(wk.limits)
@@ -531,6 +560,23 @@ def _signal(wk: _Worker, sig: int) -> bool:
     except (ProcessLookupError, PermissionError):
         return False
     return True
+
+
+def _handle(spec: LaunchSpec, started: list[_Worker]) -> Handle:
+    return Handle(spec.job_id, spec.attempt,
+                  tuple(ProcRef(w.pid, w.start_time, w.exit_file, w.start_ticks) for w in started),
+                  spec.checkpoint_dir)
+
+
+def _same_process(ref: ProcRef) -> psutil.Process | None:
+    """The process `ref` names, if its pid still belongs to it (not reused by another)."""
+    try:
+        p = psutil.Process(ref.pid)
+        same = start_ticks(ref.pid) == ref.start_ticks if ref.start_ticks else \
+            abs(p.create_time() - ref.start_time) <= START_TIME_TOLERANCE_S
+    except psutil.NoSuchProcess:
+        return None
+    return p if same else None
 
 
 def _killpg(pgid: int, sig: int) -> None:

@@ -252,6 +252,29 @@ class RayRuntime(EventQueue):
                                                    "the other workers were stopped")
         return True
 
+    def find(self, job_id: int, attempt: int, workers: int) -> Handle | None:
+        """See Runtime.find: the attempt's named actors, if every one started its worker;
+        otherwise those there are ended and the placement group is freed."""
+        ray, actors, infos = self.ray, [], []
+        for rank in range(workers):
+            try:
+                actor = ray.get_actor(_actor_name(job_id, attempt, rank), namespace=self.namespace)
+                info = ray.get(actor.info.remote(), timeout=CALL_TIMEOUT_S)
+            except (ValueError, ray.exceptions.RayError):
+                continue
+            actors.append(actor)
+            if info["id"][3]:  # its worker was started
+                infos.append(info)
+        if len(infos) == workers:
+            return Handle(job_id, attempt,
+                          tuple(ProcRef(i["id"][3], i["id"][4],
+                                        ACTOR_REF + _actor_name(job_id, attempt, rank))
+                                for rank, i in enumerate(infos)),
+                          infos[0]["checkpoint_dir"])
+        _end_actors(ray, actors)
+        _free_pg(ray, job_id, attempt)
+        return None
+
     def close(self) -> None:
         """Stop watching; running workers keep running under their detached actors."""
         self._closed.set()
@@ -473,11 +496,7 @@ class RayRuntime(EventQueue):
         _end_actors(ray, [wk.actor for wk in att.workers if wk.actor is not None])
         for wk in att.workers:
             wk.actor = None
-        try:
-            pg = ray.util.get_placement_group(_pg_name(att.job_id, att.attempt))
-        except ValueError:
-            return
-        ray.util.remove_placement_group(pg)
+        _free_pg(ray, att.job_id, att.attempt)
 
     def _checkpoints(self, atts: list[_Attempt], *, final: bool = False) -> list[RuntimeEvent]:
         return checkpoint_events(atts, self._problem, final=final)
@@ -527,6 +546,15 @@ def _end_actors(ray, actors: list) -> None:
             ray.kill(a)
         except ray.exceptions.RayError:
             pass
+
+
+def _free_pg(ray, job_id: int, attempt: int) -> None:
+    """Remove an attempt's placement group, if it has one."""
+    try:
+        pg = ray.util.get_placement_group(_pg_name(job_id, attempt))
+    except ValueError:
+        return
+    ray.util.remove_placement_group(pg)
 
 
 def _actor_name(job_id: int, attempt: int, rank: int) -> str:

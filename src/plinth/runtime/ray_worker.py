@@ -47,6 +47,7 @@ class WorkerActor:
         self.log_file = self.dir / "output.log"
         self.sent = 0  # bytes of the output already taken
         self.log_path = ""
+        self.checkpoint_dir: str | None = None
         self.lock = threading.Lock()
 
     def rendezvous(self) -> tuple[str, int]:
@@ -63,6 +64,7 @@ class WorkerActor:
         """Start the shim running `command`; (pid, start time). Raises if it cannot run.
         `log_path` is the control plane's log file for the job (kept for an adopter)."""
         self.log_path = log_path
+        self.checkpoint_dir = env.get("PLINTH_CHECKPOINT_DIR")
         full = {k: os.environ[k] for k in INHERITED_ENV if k in os.environ}
         full["PYTHONUNBUFFERED"] = "1"
         full.update(env)
@@ -98,7 +100,7 @@ class WorkerActor:
         pid = self.popen.pid if self.popen else 0
         code, at = self.result if self.result else (None, None)
         return {"id": (*self.key, pid, self.start_time), "code": code, "ended_at": at,
-                "log_path": self.log_path}
+                "log_path": self.log_path, "checkpoint_dir": self.checkpoint_dir}
 
     def wait(self) -> tuple[int | None, float]:
         """Block until the worker ends; (its exit code, or None if it vanished; when)."""
