@@ -190,17 +190,30 @@ def test_faro_plans_with_history_then_fixes_between_plans() -> None:
         assert all(d is None for d in full)
 
 
-def test_faros_first_plan_waits_for_a_minute_with_traffic() -> None:
-    """A service started before its clients: minutes without a request are no forecast, so
-    the first plan comes once a minute with traffic has closed, not 5 minutes later."""
+def test_faros_first_plan_waits_for_a_whole_minute_with_traffic() -> None:
+    """A service started before its clients: minutes without a request are no forecast, nor
+    is the minute the traffic began in (a part of one), so the first plan comes once the
+    minute after it has closed, not 5 minutes later."""
     p = make_policy("faro-fairsum")
     state = p.initial_state(N)
     idle, state = p.decide(snap(12, minutes=2, per_minute=(0, 0, 0)), state)
     assert idle is None
-    busy = snap(19, minutes=3, per_minute=(0, 0, 0))
-    busy.history[:, -1] = (3000, 600, 60)  # the third minute had traffic
+    began = snap(19, minutes=3, per_minute=(0, 0, 0))
+    began.history[:, -1] = (300, 60, 6)  # the clients started late in the third minute
+    part, state = p.decide(began, state)
+    assert part is None or "fixer" in part.reason
+    busy = snap(25, minutes=4, per_minute=(0, 0, 0))
+    busy.history[:, -2] = (300, 60, 6)
+    busy.history[:, -1] = (3000, 600, 60)  # the fourth: a whole minute
     d, state = p.decide(busy, state)
     assert d is not None and "fixer" not in d.reason and d.replicas[0] > d.replicas[2]
+
+
+def test_faro_plans_from_the_first_minute_when_traffic_was_there_from_the_start() -> None:
+    """The replay's case: the history begins busy, so the first closed minute is whole."""
+    d, _ = make_policy("faro-fairsum").decide(snap(7, minutes=1), make_policy(
+        "faro-fairsum").initial_state(N))
+    assert d is not None and "fixer" not in d.reason
 
 
 def run_from(policy, state, snaps):

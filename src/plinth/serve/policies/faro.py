@@ -67,10 +67,7 @@ class Faro:
         return Decision(sol.replicas, admit, f"{self.name}: {sol.reason}", sol.solve_ms)
 
     def decide(self, snap: Snapshot, state: FaroState) -> tuple[Decision | None, FaroState]:
-        # The first plan waits for a minute with traffic: a plan from a service's idle minutes
-        # (started before its clients) would hold it at its minimum until the next plan.
-        if snap.history.shape[1] > 0 and snap.now - state.last_plan >= self.period_s and \
-                snap.history.any():
+        if snap.now - state.last_plan >= self.period_s and _whole_minute_of_traffic(snap.history):
             d = self.plan(snap, snap.replicas.astype(float))
             return d, FaroState(snap.now, np.zeros(snap.n, np.int64), d.admit)
         over = snap.window_p99_s > snap.slo_s
@@ -95,3 +92,16 @@ class Faro:
             reason += f", taken from {', '.join(snap.jobs[j] for j in taken)}"
         return Decision(target, state.admit, reason), FaroState(state.last_plan, streak,
                                                                  state.admit)
+
+
+def _whole_minute_of_traffic(history: np.ndarray) -> bool:
+    """Whether the closed minutes hold one whole minute of traffic to plan from. A plan from
+    a service's idle minutes (started before its clients) would hold it at its minimum until
+    the next plan, 5 minutes on; so would one from the minute its traffic began in, which after
+    idle minutes is a part of one (seen on the real path: a first plan at minute 1 or at minute
+    5, by when in the minute the clients started)."""
+    busy = history.any(axis=0)
+    if not busy.any():
+        return False
+    first = int(np.argmax(busy))
+    return first == 0 or history.shape[1] - first >= 2
