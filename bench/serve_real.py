@@ -31,6 +31,7 @@ import argparse
 import asyncio
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -173,16 +174,18 @@ def real_run(policy: str, rows: list[dict], args, fit_path: Path, jobs: list[str
                 if time.monotonic() > deadline:
                     raise SystemExit("replicas not ready after 300 s")
                 time.sleep(0.5)
-            # The services' desired replicas through the replay, to set late requests against
-            # scale-ups (each added replica is a cold start on the same 2 cores).
-            seen: list[tuple[float, list[int]]] = []
+            # The services' desired and ready replicas through the replay, to set late requests
+            # against scale-ups (each added replica is a cold start on the same 2 cores) and to
+            # time each added replica's start under the replay's load.
+            seen: list[tuple[float, list[int], list[int]]] = []
             done = threading.Event()
 
             def watch() -> None:
                 with Client(f"127.0.0.1:{port}", token) as w:
                     while not done.wait(0.5):
-                        seen.append((time.time(), [w.workload(f"job{i}")["status"]["desired"]
-                                                   for i in range(len(jobs))]))
+                        st = [w.workload(f"job{i}")["status"] for i in range(len(jobs))]
+                        seen.append((time.time(), [s["desired"] for s in st],
+                                     [s.get("ready", 0) for s in st]))
 
             watcher = threading.Thread(target=watch, daemon=True)
             watcher.start()
@@ -192,6 +195,7 @@ def real_run(policy: str, rows: list[dict], args, fit_path: Path, jobs: list[str
                 done.set()
                 watcher.join()
             out.update(scale_ups(seen, out.pop("started_at"), minute_s, out.pop("late_by_minute")))
+            out["replica_start_s"] = replica_starts(seen)
             out["replicas_end"] = [c.workload(f"job{i}")["status"]["desired"]
                                    for i in range(len(jobs))]
         return {"policy": policy, "path": "real", **out}
@@ -200,12 +204,12 @@ def real_run(policy: str, rows: list[dict], args, fit_path: Path, jobs: list[str
         kill_jobs(home)
 
 
-def scale_ups(seen: list[tuple[float, list[int]]], start: float, minute_s: float,
+def scale_ups(seen: list[tuple[float, list[int], list[int]]], start: float, minute_s: float,
               late: list[int]) -> dict:
     """Replicas added per replay minute (from the watcher's samples), and how many of the
     late or failed requests were sent in a minute that added some."""
     added = [0] * len(late)
-    for (_, a), (t, b) in zip(seen, seen[1:]):
+    for (_, a, _), (t, b, _) in zip(seen, seen[1:]):
         m = int((t - start) // minute_s)
         if 0 <= m < len(late):
             added[m] += sum(max(y - x, 0) for x, y in zip(a, b))
@@ -213,6 +217,25 @@ def scale_ups(seen: list[tuple[float, list[int]]], start: float, minute_s: float
     return {"replicas_added": sum(added), "minutes_adding": len(busy),
             "late_in_adding_minutes": sum(late[m] for m in busy), "late": sum(late),
             "late_by_minute": late, "added_by_minute": added}
+
+
+def replica_starts(seen: list[tuple[float, list[int], list[int]]]) -> list[float]:
+    """Seconds from each rise of a service's desired replicas to the sample where its ready
+    replicas reach the new count (a start under the replay's load, to within the watcher's
+    0.5 s and the router's tick); a rise undone before it is ready is not counted."""
+    out = []
+    for j in range(len(seen[0][1]) if seen else 0):
+        for i in range(1, len(seen)):
+            before, (t, desired, _) = seen[i - 1][1][j], seen[i]
+            if desired[j] <= before:
+                continue
+            for t2, d2, r2 in seen[i:]:
+                if d2[j] < desired[j]:
+                    break
+                if r2[j] >= desired[j]:
+                    out.append(round(t2 - t, 2))
+                    break
+    return out
 
 
 def sim_run(policies: list[str], trace: Path, args, fit_path: Path,
@@ -293,6 +316,11 @@ def main() -> None:
             print(f"{r['policy']}, real: {r['late_in_adding_minutes']} of {r['late']} late or "
                   f"failed requests were sent in the {r['minutes_adding']} of {len(rows)} "
                   f"minutes that added replicas")
+            starts = r["replica_start_s"]
+            if starts:
+                print(f"{r['policy']}, real: {len(starts)} replica starts, median "
+                      f"{statistics.median(starts):.1f} s, max {max(starts):.1f} s (the "
+                      f"simulator's --cold-start: {args.cold_start:g} s)")
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps({"args": vars(args), "load": load,
