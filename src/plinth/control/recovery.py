@@ -3,8 +3,9 @@
 Pending jobs queue again (or are held again, if they wait on dependencies or an array's turn);
 running ones are re-adopted if their processes are still the same, else requeued as lost (a
 launch the control plane died before storing is found through the runtime's own record,
-`Runtime.find`, so that it is neither lost nor left running unwatched); a job that ended while no control plane watched it gets its exit code and end time from its exit
-file; a job whose stored spec no longer passes the checks fails alone.
+`Runtime.find`, so that it is neither lost nor left running unwatched); a job that ended while
+no control plane watched it gets its exit code and end time from its exit file; a job whose
+stored spec no longer passes the checks fails alone.
 """
 
 from __future__ import annotations
