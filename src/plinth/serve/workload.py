@@ -162,15 +162,18 @@ class ServiceController:
         if not services or self.server is None or now < self._next_tick:
             return []
         self._next_tick = now + self.tick_s
-        if self._t0 is None:
-            self._t0 = now
         windows = self.server.call(self.router.take_window(
             {w.name: w.spec.slo_ms / 1000 for w in services}))
+        if self._t0 is None and any(win.arrivals for win in windows.values()):
+            # The minutes of history start with the first traffic (this window's): counted
+            # from the services' submission, the minutes before their clients tell nothing,
+            # and the first minute with traffic would be a part of one, seen late.
+            self._t0 = now - self.tick_s
         order = tuple(w.id for w in services)
         if order != self._order:  # services came or went: the policy starts afresh
             self._order = order
             self._controller = Controller(make_policy(self.policy_name), len(services))
-        minute = int((now - self._t0) // self.minute_s)
+        minute = int((now - self._t0) // self.minute_s) if self._t0 is not None else 0
         close = minute > self._minute
         self._minute = minute
         for w in services:
