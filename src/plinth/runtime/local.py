@@ -59,6 +59,13 @@ from plinth.runtime.base import (
 from plinth.runtime.gpu import GpuInfo, MpsManager, discover_gpus
 from plinth.runtime.gpu import fake_gpus as make_fake_gpus
 from plinth.runtime.limits import Limiter, WorkerLimits
+from plinth.runtime.procs import (
+    cgroup_memory_limit_mib,
+    killpg,
+    read_exit,
+    same_process,
+    start_ticks,
+)
 from plinth.runtime.watch import EventQueue, check_launch, checkpoint_events
 
 log = logging.getLogger(__name__)
@@ -67,8 +74,6 @@ POLL_S = 0.05
 MIB = 2**20
 SHIM = str(Path(shim.__file__).resolve())
 SETPRIV = shutil.which("setpriv")  # drops to a tenant's user (run_as)
-START_TIME_TOLERANCE_S = 0.001
-# A marker is a few dozen bytes; anything much larger is not one of ours and is not read.
 # An adopted attempt's launch time is known only from the kernel's process start times, which
 # psutil derives from a boot time in whole seconds.
 ADOPTED_START_SLACK_S = 1.0
@@ -150,7 +155,7 @@ class LocalRuntime(EventQueue):
     def nodes(self) -> list[Node]:
         cpus = len(os.sched_getaffinity(0)) or os.cpu_count() or 1
         memory = psutil.virtual_memory().total // MIB
-        limit = _cgroup_memory_limit_mib()
+        limit = cgroup_memory_limit_mib()
         if limit:
             memory = min(memory, limit)
         nodes = list(self._nodes.values())
@@ -187,7 +192,7 @@ class LocalRuntime(EventQueue):
         except Exception as e:  # noqa: BLE001 -- whatever stops a worker, none is left running
             self._journal(spec.job_id, spec.attempt).unlink(missing_ok=True)
             for wk in started:  # all or nothing
-                _killpg(wk.pid, signal.SIGKILL)
+                killpg(wk.pid, signal.SIGKILL)
                 os.waitpid(wk.pid, 0)
                 wk.popen.returncode = -signal.SIGKILL  # type: ignore[union-attr]
                 self._release(spec.job_id, spec.attempt, wk)
@@ -210,8 +215,8 @@ class LocalRuntime(EventQueue):
         if len(handle.procs) == workers:
             return handle
         for ref in handle.procs:  # it would run on unwatched, beside the attempt that follows
-            if _same_process(ref) is not None:
-                _killpg(ref.pid, signal.SIGKILL)
+            if same_process(ref) is not None:
+                killpg(ref.pid, signal.SIGKILL)
         path.unlink(missing_ok=True)
         return None
 
@@ -364,7 +369,7 @@ class LocalRuntime(EventQueue):
     def _adopt_worker(self, rank: int, ref: ProcRef) -> _Worker:
         wk = _Worker(rank, ref.pid, ref.start_time, ref.exit_file, own=False)
         try:
-            p = _same_process(ref)
+            p = same_process(ref)
             if p is not None:
                 wk.proc = p
                 # Launched by an earlier runtime in this same process (tests, a restarted
@@ -375,7 +380,7 @@ class LocalRuntime(EventQueue):
         except psutil.NoSuchProcess:
             pass
         if wk.proc is None:  # gone, or the pid now belongs to another process
-            wk.done, wk.code = True, _read_exit(wk.exit_file)
+            wk.done, wk.code = True, read_exit(wk.exit_file)
         return wk
 
     def _reattach(self, job_id: int, attempt: int, wk: _Worker) -> None:
@@ -501,11 +506,11 @@ def _ended(wk: _Worker) -> bool:
             if os.waitid(os.P_PID, wk.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
                 return False
         except ChildProcessError:  # reaped by someone else: only the exit file can tell
-            wk.done, wk.code = True, _read_exit(wk.exit_file, 137 if wk.killed else None)
+            wk.done, wk.code = True, read_exit(wk.exit_file, 137 if wk.killed else None)
             return True
         # The zombie still holds the group id, so this cannot hit a reused one: it sweeps away
         # whatever the command left running.
-        _killpg(wk.pid, signal.SIGKILL)
+        killpg(wk.pid, signal.SIGKILL)
         _, status = os.waitpid(wk.pid, 0)
         rc = os.waitstatus_to_exitcode(status)
         if wk.popen is not None:
@@ -516,7 +521,7 @@ def _ended(wk: _Worker) -> bool:
             fallback: int | None = rc
         else:
             fallback = 128 - rc if wk.killed else None
-        wk.done, wk.code = True, _read_exit(wk.exit_file, fallback)
+        wk.done, wk.code = True, read_exit(wk.exit_file, fallback)
         return True
     assert wk.proc is not None
     try:
@@ -524,7 +529,7 @@ def _ended(wk: _Worker) -> bool:
             return False
     except psutil.NoSuchProcess:
         pass
-    wk.done, wk.code = True, _read_exit(wk.exit_file, 137 if wk.killed else None)
+    wk.done, wk.code = True, read_exit(wk.exit_file, 137 if wk.killed else None)
     return True
 
 
@@ -568,31 +573,6 @@ def _handle(spec: LaunchSpec, started: list[_Worker]) -> Handle:
                   spec.checkpoint_dir)
 
 
-def _same_process(ref: ProcRef) -> psutil.Process | None:
-    """The process `ref` names, if its pid still belongs to it (not reused by another)."""
-    try:
-        p = psutil.Process(ref.pid)
-        same = start_ticks(ref.pid) == ref.start_ticks if ref.start_ticks else \
-            abs(p.create_time() - ref.start_time) <= START_TIME_TOLERANCE_S
-    except psutil.NoSuchProcess:
-        return None
-    return p if same else None
-
-
-def _killpg(pgid: int, sig: int) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _read_exit(path: str, default: int | None = None) -> int | None:
-    try:
-        return int(Path(path).read_text().strip())
-    except (OSError, ValueError):
-        return default
-
-
 def _exit_time(workers: list[_Worker]) -> float | None:
     """When the last of `workers` ended, from its exit file's mtime; None if none left one."""
     times = []
@@ -602,34 +582,3 @@ def _exit_time(workers: list[_Worker]) -> float | None:
         except OSError:
             pass
     return max(times) if times else None
-
-
-def _cgroup_memory_limit_mib() -> int:
-    """The memory limit of the cgroup this process runs in (a container's), 0 if none."""
-    for line in Path("/proc/self/cgroup").read_text().splitlines():
-        hid, ctrls, path = line.split(":", 2)
-        if hid == "0":
-            f = Path("/sys/fs/cgroup") / path.lstrip("/") / "memory.max"
-        elif "memory" in ctrls.split(","):
-            f = Path("/sys/fs/cgroup/memory") / path.lstrip("/") / "memory.limit_in_bytes"
-        else:
-            continue
-        try:
-            text = f.read_text().strip()
-        except OSError:
-            continue
-        if text.isdigit() and int(text) < 2**60:
-            return int(text) // MIB
-    return 0
-
-
-def start_ticks(pid: int) -> int | None:
-    """The kernel's start time of `pid` in clock ticks since boot (/proc/PID/stat, field 22),
-    or None if it is gone. The command name (field 2) may hold spaces and parentheses, so the
-    fields are counted after its closing one."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except (FileNotFoundError, ProcessLookupError):
-        return None
-    return int(stat[stat.rindex(b")") + 2:].split()[19])

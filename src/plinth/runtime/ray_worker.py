@@ -25,7 +25,8 @@ import psutil
 
 from plinth.core.errors import PlinthError
 from plinth.runtime import shim
-from plinth.runtime.local import INHERITED_ENV, _killpg
+from plinth.runtime.local import INHERITED_ENV
+from plinth.runtime.procs import killpg
 
 LOG_CHUNK = 1 << 20  # most bytes one `take_log` returns
 SHIM = str(Path(shim.__file__).resolve())
@@ -109,7 +110,7 @@ class WorkerActor:
                 pid = self.popen.pid  # type: ignore[union-attr]
                 # Not reaped yet, so its group id cannot be reused: sweep what it left running.
                 os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
-                _killpg(pid, signal.SIGKILL)
+                killpg(pid, signal.SIGKILL)
                 rc = self.popen.wait()  # type: ignore[union-attr]
                 # A shim killed by a signal we did not send left no exit code: lost.
                 code = rc if rc >= 0 else (128 - rc if self.killed else None)
@@ -122,7 +123,7 @@ class WorkerActor:
             return
         if sig == signal.SIGKILL:
             self.killed = True
-            _killpg(self.popen.pid, sig)
+            killpg(self.popen.pid, sig)
         else:
             try:
                 os.kill(self.popen.pid, sig)
