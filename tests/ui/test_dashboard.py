@@ -119,6 +119,8 @@ def test_sign_in_refuses_a_bad_token(platform, browser, shots) -> None:
     assert browser.current_url.endswith("/ui/login")  # no cookie: sent to sign in
     browser.find_element(By.ID, "token").send_keys("plt_not-a-token")
     browser.find_element(By.ID, "sign-in").click()
+    # the answer is a new page: wait for it (CI once looked before it had loaded)
+    WebDriverWait(browser, 10).until(EC.presence_of_element_located((By.ID, "error")))
     assert browser.find_element(By.ID, "error").text == "unknown API token"
     shot(browser, shots, "login")
     r = httpx.get(f"{platform.url}/ui/queue/live", headers={"HX-Request": "true"})
