@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from plinth.core.resources import Cluster, Node, Request
 from plinth.core.workload import Job
+from plinth.sched.accounting import account
 from plinth.sched.backfill import HeadPlacements, _placed, _released
 from plinth.sched.ends import RunningEnds
 from plinth.sched.placement import DEFAULT_PLACEMENT, place
@@ -41,7 +42,7 @@ def from_scratch(owner, now: float, oracle: bool) -> list[tuple[float, int]]:
     """Every running job's expected end from its current progress (the formula the index
     replaces), by end then id."""
     ends = []
-    owner._account(owner.accounted.values(), now)
+    account(owner.accounted.values(), now)
     for js in owner.running.values():
         est = js.job.duration if oracle or js.job.time_limit is None else js.job.time_limit
         rate = js.rate if js.rate > 0 else 1.0

@@ -50,9 +50,8 @@ from typing import Any
 
 import numpy as np
 
-from plinth.control.service import DEFAULT_ESTIMATE_S, job_from_spec
 from plinth.control.service import policy_options as platform_policy_options
-from plinth.control.spec import JobSpec
+from plinth.control.spec import DEFAULT_ESTIMATE_S, JobSpec
 from plinth.core.errors import SpecError
 from plinth.core.resources import Cluster, Node, Request
 from plinth.core.throughput import FIXED_SPEED
@@ -183,9 +182,9 @@ def build_export(records: Iterable[Mapping[str, Any]]) -> Export:
         if run_time <= 0:
             left_out.append(f"job {r['id']} ({r['name']}, {r['state']}): ran for 0 s")
             continue
-        platform = job_from_spec(r["id"], spec, r["tenant"], float(r["submit_time"]) - t0)
+        platform = spec.job(r["id"], r["tenant"], float(r["submit_time"]) - t0)
         # The platform plans a job without a max_runtime as if it ran DEFAULT_ESTIMATE_S
-        # (`job_from_spec`). The replay gets that estimate as its time limit, so that its
+        # (`JobSpec.job`). The replay gets that estimate as its time limit, so that its
         # policy plans with the same numbers; past the measured run, since none stopped it.
         limit = spec.max_runtime or max(DEFAULT_ESTIMATE_S, math.ceil(run_time) + 1.0)
         job = dataclasses.replace(platform, id=len(jobs), duration=run_time, name=str(r["id"]),

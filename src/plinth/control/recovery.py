@@ -17,6 +17,7 @@ from pydantic import ValidationError
 
 from plinth.control.spec import JobSpec
 from plinth.control.store import Event
+from plinth.core.resources import Allocation
 from plinth.core.spec import validation_message
 from plinth.runtime.base import Handle
 from plinth.sched.lifecycle import State, StopReason
@@ -48,8 +49,6 @@ class Recovery:
 def recover(cp: ControlPlane) -> None:
     """Rebuild the owner from the store after a (re)start: pending jobs queue again; running
     ones are re-adopted if their processes are still the same, else requeued as lost."""
-    from plinth.control.service import allocation_from_json, job_from_spec  # service imports us
-
     now = cp.clock()
     owner, found = cp.owner, cp.recovery
     for row in cp.store.active_jobs():
@@ -61,7 +60,7 @@ def recover(cp: ControlPlane) -> None:
             continue
         if row["array_id"] is not None:
             spec = spec.model_copy(update={"array_id": row["array_id"]})
-        job = job_from_spec(row["id"], spec, row["tenant"], row["submit_time"])
+        job = spec.job(row["id"], row["tenant"], row["submit_time"])
         cp.specs[job.id] = spec
         pending = row["state"] == State.PENDING.value
         found.pending += pending
@@ -77,7 +76,7 @@ def recover(cp: ControlPlane) -> None:
         if state is State.PENDING:
             owner.restore(js, now)
             continue
-        alloc = allocation_from_json(row["allocation"]) if row["allocation"] else None
+        alloc = Allocation.from_dict(row["allocation"]) if row["allocation"] else None
         stored = row["handle"]
         if stored is None and alloc is not None:
             # Killed during the launch, before storing its handle: the runtime's own record.

@@ -23,7 +23,6 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar
 
@@ -35,7 +34,7 @@ from plinth.control.spec import MAX_ARRAY_TASKS, JobSpec, parse_array
 from plinth.control.store import Event, GroupCommit, Store
 from plinth.control.workloads import Workloads
 from plinth.core.errors import PlinthError, SpecError, UnplaceableError
-from plinth.core.resources import Allocation, Cluster, Request, TenantQuota, WorkerSlot
+from plinth.core.resources import Cluster, Request, TenantQuota
 from plinth.core.workload import Job
 from plinth.runtime.base import (
     EventKind,
@@ -45,6 +44,7 @@ from plinth.runtime.base import (
     RuntimeEvent,
     worker_launches,
 )
+from plinth.runtime.batch import Launcher, launch_error
 from plinth.sched import owner as o
 from plinth.sched.lifecycle import State
 from plinth.sched.placement import never_fits
@@ -56,8 +56,6 @@ from plinth.sched.types import SchedConfig
 log = logging.getLogger("plinth.control")
 T = TypeVar("T")
 
-# A job without max_runtime is planned as if it ran this long (backfill needs an estimate).
-DEFAULT_ESTIMATE_S = 24 * 3600.0
 # Passes are spaced by at least this, or by nine times as long as the last pass took, so that
 # under a burst of submissions the scheduler takes at most a tenth of the process's time and each
 # pass sees a batch of new jobs (Slurm's sched_min_interval plays the same role). An idle
@@ -77,30 +75,11 @@ class Conflict(PlinthError):
     pass
 
 
-def allocation_to_json(a: Allocation) -> dict:
-    return {"slots": [{"node": s.node, "gpus": list(s.gpus), "milli": s.milli,
-                       "gpu_memory_mib": s.gpu_memory_mib} for s in a.slots]}
-
-
-def allocation_from_json(d: dict) -> Allocation:
-    return Allocation(tuple(WorkerSlot(int(s["node"]), tuple(int(g) for g in s["gpus"]),
-                                       int(s["milli"]), int(s["gpu_memory_mib"]))
-                            for s in d["slots"]))
-
-
 def policy_options(policy: str, quotas: tuple[TenantQuota, ...] | None) -> dict:
     """The options the platform builds its policy with; a replay of its export uses the same."""
     if policy == "drf":  # tenants' quotas, and priority preemption inside a tenant
         return {"quotas": quotas, "preempt_within_tenant": True}
     return {}
-
-
-def job_from_spec(job_id: int, spec: JobSpec, tenant: str, submit_time: float) -> Job:
-    """The scheduler's view of a platform job."""
-    return Job(job_id, submit_time, spec.max_runtime or DEFAULT_ESTIMATE_S, spec.request(),
-               name=spec.name, tenant=tenant, priority=spec.priority,
-               preemptible=spec.preemptible, time_limit=spec.max_runtime,
-               retries=spec.retries)
 
 
 class ControlPlane:
@@ -133,7 +112,7 @@ class ControlPlane:
         self._deferred: float | None = None  # a pass put off until then (spacing)
         self._nodes_due = time.monotonic() + NODE_CHECK_S  # the next look at runtime.nodes()
         self._joined: set[str] = set()  # new nodes, told once
-        self._launcher: ThreadPoolExecutor | None = None  # made at the first concurrent batch
+        self.launcher = Launcher(runtime, LAUNCH_THREADS)
         policy_obj = self._rebuild()
         self.owner = o.Owner(self.cluster, policy_obj, self.config, keep_finished=False)
         self.metrics = ControlMetrics(self)  # /metrics; read at scrape time
@@ -202,8 +181,7 @@ class ControlPlane:
             self._thread.join(timeout=10)
         self.writer.close()
         self.workloads.close()
-        if self._launcher is not None:
-            self._launcher.shutdown(wait=True)
+        self.launcher.close()
         self.runtime.close()
 
     def recover(self) -> None:
@@ -241,7 +219,7 @@ class ControlPlane:
     def accepted(self, job_id: int, spec: JobSpec, now: float) -> int:
         """Queue a job the store now holds. It is handed to the loop without taking `_lock`, so
         a submission never waits for a scheduling pass."""
-        job = job_from_spec(job_id, spec, spec.tenant or "default", now)
+        job = spec.job(job_id, spec.tenant or "default", now)
         self._incoming.append((job, spec))
         self.metrics.submitted(job.tenant, spec.kind)
         self._wake.set()
@@ -500,7 +478,7 @@ class ControlPlane:
         fields = dict(t.fields)
         if "allocation" in fields:
             a = fields["allocation"]
-            fields["allocation"] = allocation_to_json(a) if a is not None else None
+            fields["allocation"] = a.to_dict() if a is not None else None
             fields["handle"] = None
         if t.new.terminal or t.new is State.PENDING:
             self.handles.pop(t.job_id, None)
@@ -523,39 +501,17 @@ class ControlPlane:
             self.store.transition(t.job_id, t.old, t.new, at, t.kind, t.message, **fields)
 
     def _launch_all(self, launches: list[o.Launch]) -> list[Handle | str]:
-        """Each launch's handle, or why it failed. A runtime whose launch waits on a cluster
-        ("concurrent-launch": Ray reserves a placement group and starts an actor per worker,
-        seconds each) gets a batch's launches at once, so the loop waits for the slowest, not
-        their sum; the local runtime's are forks, made one after another."""
+        """Each launch's handle, or why it failed (see plinth.runtime.batch)."""
         specs = [self._spec_or_error(ins) for ins in launches]
         todo = [s for s in specs if isinstance(s, LaunchSpec)]
-        if len(todo) > 1 and "concurrent-launch" in self.runtime.capabilities:
-            if self._launcher is None:
-                self._launcher = ThreadPoolExecutor(LAUNCH_THREADS,
-                                                    thread_name_prefix="plinth-launch")
-            done = dict(zip(map(id, todo), self._launcher.map(self._try_launch, todo)))
-        else:
-            done = {id(s): self._try_launch(s) for s in todo}
+        done = dict(zip(map(id, todo), self.launcher.launch(todo), strict=True))
         return [done[id(s)] if isinstance(s, LaunchSpec) else s for s in specs]
 
     def _spec_or_error(self, ins: o.Launch) -> LaunchSpec | str:
         try:
             return self._launch_spec(ins)
         except Exception as e:  # noqa: BLE001 -- this job's alone: it becomes launch-failed
-            return self._launch_error(ins.job_id, e)
-
-    def _try_launch(self, spec: LaunchSpec) -> Handle | str:
-        try:
-            return self.runtime.launch(spec)
-        except Exception as e:  # noqa: BLE001 -- as above
-            return self._launch_error(spec.job_id, e)
-
-    @staticmethod
-    def _launch_error(job_id: int, e: Exception) -> str:
-        if not isinstance(e, PlinthError):
-            log.error("job %d: launch failed", job_id, exc_info=e)
-            return f"{type(e).__name__}: {e}"
-        return str(e)
+            return launch_error(ins.job_id, e)
 
     def _launched(self, ins: o.Launch, result: Handle | str, now: float) -> o.Event:
         # A failed launch is this job's alone: it becomes launch-failed and releases what it

@@ -45,6 +45,10 @@ from plinth.core.errors import SpecError
 from plinth.core.gpus import gpu_model
 from plinth.core.resources import MILLI, Request
 from plinth.core.spec import beside, parse_memory
+from plinth.core.workload import Job
+
+# A job without max_runtime is planned as if it ran this long (backfill needs an estimate).
+DEFAULT_ESTIMATE_S = 24 * 3600.0
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d)?\s*$")
 _SECONDS = {None: 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -280,6 +284,13 @@ class JobSpec(BaseModel):
                        gpu_memory_mib=r.gpu_memory or 0, cpus_milli=round(r.cpus * MILLI),
                        memory_mib=r.memory, workers=self.workers, gpu_models=tuple(r.gpu_model),
                        nodes=tuple(self.nodelist))
+
+    def job(self, job_id: int, tenant: str, submit_time: float) -> Job:
+        """The scheduler's view of this spec as a platform job."""
+        return Job(job_id, submit_time, self.max_runtime or DEFAULT_ESTIMATE_S, self.request(),
+                   name=self.name, tenant=tenant, priority=self.priority,
+                   preemptible=self.preemptible, time_limit=self.max_runtime,
+                   retries=self.retries)
 
 
 def job_to_run(spec: BaseModel, source: str = "spec") -> JobSpec:

@@ -107,6 +107,17 @@ class Allocation:
     def gpu_milli_total(self) -> int:
         return sum(len(s.gpus) * s.milli for s in self.slots)
 
+    def to_dict(self) -> dict:
+        """As the store keeps it (JSON)."""
+        return {"slots": [{"node": s.node, "gpus": list(s.gpus), "milli": s.milli,
+                           "gpu_memory_mib": s.gpu_memory_mib} for s in self.slots]}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Allocation:
+        return cls(tuple(WorkerSlot(int(s["node"]), tuple(int(g) for g in s["gpus"]),
+                                    int(s["milli"]), int(s["gpu_memory_mib"]))
+                         for s in d["slots"]))
+
 
 @dataclass(frozen=True)
 class Cluster:

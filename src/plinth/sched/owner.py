@@ -39,12 +39,12 @@ import dataclasses
 import math
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 
 from sortedcontainers import SortedKeyList
 
 from plinth.core.resources import Allocation, Cluster
 from plinth.core.workload import Job
+from plinth.sched.accounting import Run, account
 from plinth.sched.ends import RunningEnds
 from plinth.sched.events import (  # noqa: F401 (the owner's vocabulary, imported from here too)
     Cancelled,
@@ -78,19 +78,6 @@ from plinth.sched.types import (  # noqa: F401 (periodic_checkpoint: imported fr
 
 WAITING_FOR_RELEASE = "started: waiting for stopping jobs to release its resources"
 
-@dataclass(slots=True)
-class _Run:
-    """The current attempt's accounting, from its launch."""
-
-    start: float  # launched
-    t0: float  # progress begins
-    rate: float
-    every: float  # declared checkpoint cadence (0: reported as events)
-    base_progress: float
-    base_attained: float
-    base_executed: float
-    gpus: float
-
 
 class Owner:
     def __init__(self, cluster: Cluster, policy: Policy, config: SchedConfig | None = None, *,
@@ -107,9 +94,9 @@ class Owner:
         self.running: dict[int, JobState] = {}  # RUNNING in the plan (launched or not)
         self.ends = RunningEnds()  # the running jobs by expected end, for reservations
         self.waiting_launch: dict[int, JobState] = {}  # RUNNING, Launch held back for room
-        self.runs: dict[int, _Run] = {}
+        self.runs: dict[int, Run] = {}
         # The launched RUNNING jobs with their runs and durations: what a pass brings up to date.
-        self.accounted: dict[int, tuple[JobState, _Run, float]] = {}
+        self.accounted: dict[int, tuple[JobState, Run, float]] = {}
         self.next_start: dict[int, tuple[Allocation, str, str | None]] = {}  # stopping -> restart
         self.stop_why: dict[int, tuple[StopReason, bool]] = {}  # STOPPING: why, and saving?
         self.deadlines: dict[int, float] = {}
@@ -179,7 +166,7 @@ class Owner:
             owner.running[c.id] = c
             owner.ends.add(c)  # its progress is current: the end is read from it
             start = c.start_time if c.start_time is not None else 0.0
-            owner.runs[c.id] = _Run(start, start, c.rate or 1.0, 0.0, c.progress, c.attained,
+            owner.runs[c.id] = Run(start, start, c.rate or 1.0, 0.0, c.progress, c.attained,
                                     c.executed, c.job.request.num_gpus)
             owner.accounted[c.id] = (c, owner.runs[c.id], c.job.duration)
         return owner
@@ -235,7 +222,7 @@ class Owner:
                 self.ends.add(js, run.t0, run.base_progress)
         elif type(ev) is CheckpointSaved:
             js.checkpointed = max(js.checkpointed,
-                                  self._progress_at(js, self.runs[js.id], ev.at))
+                                  self.runs[js.id].progress_at(ev.at, js.job.duration))
             js.checkpoint_time, js.checkpoint_step = ev.at, ev.step
             self._out.checkpoints.append(js)
         elif type(ev) is Exited:
@@ -345,7 +332,7 @@ class Owner:
             # (A second pass at the same instant finds them current.) Running jobs only: a
             # stopping one may sit in the pending queue, sorted by the service it had when it
             # was stopped.
-            self._account(self.accounted.values(), now)
+            account(self.accounted.values(), now)
             self._touched_at = now
         snap = Snapshot(self.cluster, self.state, self.pending, self.running, self.config,
                         self.ends)
@@ -467,7 +454,7 @@ class Owner:
                 js.reason = "launched once stopping jobs had released its resources"
                 self._note(js, now, "launched", js.reason)
             js.start_time = now  # the run is charged from its launch
-            self.runs[jid] = _Run(now, now, 0.0, 0.0, js.progress, js.attained, js.executed,
+            self.runs[jid] = Run(now, now, 0.0, 0.0, js.progress, js.attained, js.executed,
                                   req.num_gpus)
             self.accounted[jid] = (js, self.runs[jid], js.job.duration)
             if js.job.time_limit:
@@ -536,35 +523,10 @@ class Owner:
 
     # --- accounting ---------------------------------------------------------------------------
 
-    def _progress_at(self, js: JobState, run: _Run, t: float) -> float:
-        ran = t - run.t0
-        progress = run.base_progress + run.rate * ran if ran > 0 else run.base_progress
-        duration = js.job.duration
-        return min(duration, progress)
-
-    @staticmethod
-    def _account(jobs: Iterable[tuple[JobState, _Run, float]], now: float) -> None:
-        """Bring launched `jobs` (each with its run and duration) up to date at `now`."""
-        # Hot: every pass brings every running job up to date. The loop, `_progress_at` and
-        # `periodic_checkpoint` are written out here for that reason.
-        floor = math.floor
-        for js, run, duration in jobs:
-            ran = now - run.t0
-            progress = run.base_progress + run.rate * ran if ran > 0 else run.base_progress
-            js.progress = progress = progress if progress < duration else duration
-            ran = now - run.start
-            js.attained = run.base_attained + run.gpus * ran
-            js.executed = run.base_executed + ran
-            every = run.every
-            if every > 0 and progress - js.checkpointed >= every:
-                saved = floor(progress / every) * every
-                js.checkpointed = saved
-                js.checkpoint_time = run.t0 + (saved - run.base_progress) / run.rate
-
     def _touch(self, js: JobState, now: float) -> None:
         run = self.runs.get(js.id)
         if run is not None:  # launched
-            self._account(((js, run, js.job.duration),), now)
+            account(((js, run, js.job.duration),), now)
 
     # --- restoring after a restart ------------------------------------------------------------
 
@@ -580,7 +542,7 @@ class Owner:
         alloc, req = js.allocation, js.job.request
         self.held.allocate(alloc, req)  # type: ignore[arg-type]
         start = js.start_time if js.start_time is not None else now
-        self.runs[js.id] = _Run(start, start, 1.0, 0.0, js.progress, js.attained, js.executed,
+        self.runs[js.id] = Run(start, start, 1.0, 0.0, js.progress, js.attained, js.executed,
                                 req.num_gpus)
         js.rate = 1.0
         if js.status is State.RUNNING:
