@@ -21,6 +21,11 @@ handling on the way there and back), which the simulator does not model by defau
 `--hop-out F` writes this run's hop times; `--hop F` gives hop times measured on another run
 (another part of the trace) to the simulator, which is then also run without them.
 
+The simulator runs after the real path: `--sim-seeds N` gives the mean and range over N seeds
+(one seed is not a figure: its spread is about 2x), and `--cold-start measured` gives each
+policy's simulator the median replica start its real run measured. For each late request the
+real path records when it was sent and the largest part of its latency (queue, replica, hop).
+
     .venv/bin/python bench/serve_real.py --minutes 0:30 --compress 5 --thin 2 --cpus 16 \\
         --json results/serve_real.json
 """
@@ -88,6 +93,8 @@ async def replay(urls: dict[str, str], rows: list[dict], minute_s: float, slo_s:
     started_at = time.time()
     results: list[tuple[str, int, float, int]] = []
     hops: list[float] = []
+    late_parts: dict[str, int] = {"queue": 0, "replica": 0, "hop": 0, "failed": 0}
+    late_at: list[float] = []  # when each late request was sent (s from the start)
     body = json.dumps({"inputs": [[0.0]]})
 
     async def one(c: aiohttp.ClientSession, job: str, minute: int) -> None:
@@ -102,17 +109,21 @@ async def replay(urls: dict[str, str], rows: list[dict], minute_s: float, slo_s:
             code = -1
         lat = time.perf_counter() - t0
         results.append((job, code, lat, minute))
-        if code == 200 and timing:
-            parts = dict(p.split(";dur=") for p in timing.split(", "))
-            if "replica" in parts:
-                hops.append(lat - (float(parts["queue"]) + float(parts["replica"])) / 1000)
+        parts = dict(p.split(";dur=") for p in timing.split(", ")) if code == 200 and timing else {}
+        if "replica" in parts:
+            q, rep = float(parts["queue"]) / 1000, float(parts["replica"]) / 1000
+            hops.append(lat - q - rep)
+        if code != 200 or lat > slo_s:  # late: which part of its latency was the largest
+            late_at.append(t0 - start)
+            late_parts["failed" if code != 200 else "hop" if "replica" not in parts else
+                       max((q, "queue"), (rep, "replica"), (lat - q - rep, "hop"))[1]] += 1
 
     # aiohttp, not httpx: with a few thousand requests in flight httpx's own CPU cost (its
     # pool is scanned per request) would slow the sender below the trace's rate on 2 cores.
     timeout = aiohttp.ClientTimeout(total=60)
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
                                      timeout=timeout) as c:
-        t0 = time.perf_counter()
+        t0 = start = time.perf_counter()
         tasks = []
         for at, job, m in plan:
             delay = t0 + at - time.perf_counter()
@@ -139,12 +150,14 @@ async def replay(urls: dict[str, str], rows: list[dict], minute_s: float, slo_s:
             "p99_latency_s": float(np.percentile(lats, 99)) if lats else None,
             "hop_s": hops, "hop_p50_ms": float(np.percentile(hops, 50)) * 1000 if hops else None,
             "hop_p99_ms": float(np.percentile(hops, 99)) * 1000 if hops else None,
-            "overrun_s": round(overrun, 2), "started_at": started_at, "late_by_minute": late}
+            "overrun_s": round(overrun, 2), "started_at": started_at, "late_by_minute": late,
+            "late_by_part": late_parts, "late_at_s": sorted(round(t, 3) for t in late_at)}
 
 
 def real_run(policy: str, rows: list[dict], args, fit_path: Path, jobs: list[str]) -> dict:
     minute_s = 60.0 / args.compress
     home = Path(tempfile.mkdtemp(prefix="plinth-serve-real-"))
+    print(f"home: {home}", flush=True)
     port, serve_port = free_port(), free_port()
     proc = start_server(home, port, "--fake-gpus", "1xA100", "--min-runtime", "0", "--grace",
                         "2", "--serve-port", str(serve_port), "--serve-policy", policy,
@@ -194,6 +207,7 @@ def real_run(policy: str, rows: list[dict], args, fit_path: Path, jobs: list[str
             finally:
                 done.set()
                 watcher.join()
+            out["started_at_unix"] = out["started_at"]
             out.update(scale_ups(seen, out.pop("started_at"), minute_s, out.pop("late_by_minute")))
             out["replica_start_s"] = replica_starts(seen)
             out["replicas_end"] = [c.workload(f"job{i}")["status"]["desired"]
@@ -238,15 +252,15 @@ def replica_starts(seen: list[tuple[float, list[int], list[int]]]) -> list[float
     return out
 
 
-def sim_run(policies: list[str], trace: Path, args, fit_path: Path,
-            hop: str | None = None) -> list[dict]:
+def sim_run(policies: list[str], trace: Path, args, fit_path: Path, hop: str | None,
+            seed: int, cold_start: float) -> list[dict]:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "sim.json"
         cmd = [sys.executable, "-m", "plinth.cli.main", "serve", "sim", "--trace", str(trace),
                "--service-time", str(fit_path), "--cpus", str(args.cpus), "--slo-ms",
                f"{args.slo_ms:g}", "--policy", policies[0], "--compress", f"{args.compress:g}",
-               "--cold-start", f"{args.cold_start:g}", "--queueing", "router",
-               "--arrivals", "uniform", "--seed", str(args.seed), "--json", str(out),
+               "--cold-start", f"{cold_start:g}", "--queueing", "router",
+               "--arrivals", "uniform", "--seed", str(seed), "--json", str(out),
                "--initial-replicas", "1",  # as the services are submitted: min_replicas 1
                "--out", tmp]
         if len(policies) > 1:
@@ -256,8 +270,8 @@ def sim_run(policies: list[str], trace: Path, args, fit_path: Path,
         subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=ROOT)
         doc = json.loads(out.read_text())
     rows = doc if isinstance(doc, list) else doc.get("results", doc)
-    return [{"policy": r["policy"], "path": "sim+hop" if hop else "sim",
-             "slo_violation_rate": r["slo_violation_rate"],
+    return [{"policy": r["policy"], "path": "sim+hop" if hop else "sim", "seed": seed,
+             "cold_start_s": cold_start, "slo_violation_rate": r["slo_violation_rate"],
              "request_violation_rate": r["request_violation_rate"],
              "p99_latency_s": r.get("p99_latency_s"), "replicas_added": r["replicas_added"]}
             for r in rows]
@@ -270,10 +284,14 @@ def main() -> None:
     ap.add_argument("--thin", type=int, default=2)
     ap.add_argument("--cpus", type=int, default=16)
     ap.add_argument("--slo-ms", type=float, default=720.0)
-    ap.add_argument("--cold-start", type=float, default=COLD_START_S,
-                    help="the simulator's cold start (s, real): a measured replica start")
+    ap.add_argument("--cold-start", default=str(COLD_START_S),
+                    help="the simulator's cold start (s, real): a measured replica start, or "
+                    "'measured': each policy's median replica start on this run's real path")
     ap.add_argument("--policies", default="faro-fairsum,aiad")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--sim-seeds", type=int, default=1,
+                    help="simulate with seeds --seed .. --seed+N-1 (arrival times and service "
+                    "times), and report their mean and range")
     ap.add_argument("--sim-only", action="store_true", help="skip the real path")
     ap.add_argument("--hop", default=None,
                     help="hop times measured on another run, for the simulator (JSON)")
@@ -282,16 +300,32 @@ def main() -> None:
     args = ap.parse_args()
     start, end = (int(x) for x in args.minutes.split(":"))
     policies = args.policies.split(",")
+    measured = args.cold_start == "measured"
+    if measured and args.sim_only:
+        raise SystemExit("--cold-start measured: needs the real path (drop --sim-only)")
+    fixed_cold = None if measured else float(args.cold_start)
+    hop = str(Path(args.hop).resolve()) if args.hop else None
     with tempfile.TemporaryDirectory() as tmp:
         trace = Path(tmp) / "trace.jsonl"
         rows = thinned_trace(TRACE, start, end, args.thin, trace)
         jobs = sorted(rows[0]["counts"])
-        results = sim_run(policies, trace, args, FIT)
-        if args.hop:
-            results += sim_run(policies, trace, args, FIT, str(Path(args.hop).resolve()))
+        results = []
         for p in [] if args.sim_only else policies:
             print(f"real path: {p} ...", flush=True)
             results.append(real_run(p, rows, args, FIT, jobs))
+        # Each policy's simulator runs with the cold start given, or the one its real path
+        # measured (several replicas started at once are slower on shared cores).
+        colds = {p: fixed_cold if fixed_cold is not None else
+                 statistics.median(next(r["replica_start_s"] for r in results
+                                        if r["policy"] == p) or [COLD_START_S])
+                 for p in policies}
+        for h in [None, hop] if hop else [None]:
+            for seed in range(args.seed, args.seed + args.sim_seeds):
+                if fixed_cold is not None:  # one run for all the policies
+                    results += sim_run(policies, trace, args, FIT, h, seed, fixed_cold)
+                else:
+                    for p in policies:
+                        results += sim_run([p], trace, args, FIT, h, seed, colds[p])
     hops = [h for r in results for h in r.pop("hop_s", [])]
     if args.hop_out:
         Path(args.hop_out).parent.mkdir(parents=True, exist_ok=True)
@@ -302,25 +336,40 @@ def main() -> None:
     print(f"\n{Path(TRACE).name} minutes {args.minutes}, counts / {args.thin}, compressed "
           f"{args.compress:g}x, {args.cpus} CPUs, SLO {args.slo_ms:g} ms (/{args.compress:g}), "
           f"load average {load}")
-    print(f"{'policy':<14} {'path':<8} {'per request':>12} {'Faro rate':>10} {'p99 (s)':>8} "
-          f"{'hop p50/p99 ms':>15} {'requests':>9} {'started':>7}")
+    print(f"{'policy':<14} {'path':<8} {'per request':>22} {'Faro rate':>10} {'p99 (s)':>8} "
+          f"{'hop p50/p99 ms':>15} {'requests':>9} {'started':>7} {'cold (s)':>8}")
+    groups: dict[tuple[str, str], list[dict]] = {}
     for r in results:
-        p99 = r.get("p99_latency_s")
-        hop = (f"{r['hop_p50_ms']:.1f}/{r['hop_p99_ms']:.1f}" if r.get("hop_p50_ms") is not None
-               else "-")
-        print(f"{r['policy']:<14} {r['path']:<8} {r['request_violation_rate']:>12.4f} "
-              f"{r['slo_violation_rate']:>10.4f} {'-' if p99 is None else f'{p99:.3f}':>8} "
-              f"{hop:>15} {r.get('requests', '-'):>9} {r['replicas_added']:>7}")
+        groups.setdefault((r["policy"], r["path"]), []).append(r)
+    for (policy, path), rs in groups.items():
+        if path == "real":
+            (r,) = rs
+            rate, hop = f"{r['request_violation_rate']:.4f}", (
+                f"{r['hop_p50_ms']:.1f}/{r['hop_p99_ms']:.1f}" if r.get("hop_p50_ms") is not None
+                else "-")
+        else:  # the mean over the seeds, and their range
+            v = [x["request_violation_rate"] for x in rs]
+            rate = (f"{np.mean(v):.4f}" + (f" ({min(v):.4f}-{max(v):.4f})" if len(v) > 1 else ""))
+            hop = "-"
+        p99 = np.mean([x["p99_latency_s"] for x in rs if x.get("p99_latency_s") is not None] or
+                      [np.nan])
+        cold = rs[0].get("cold_start_s")
+        print(f"{policy:<14} {path:<8} {rate:>22} "
+              f"{np.mean([x['slo_violation_rate'] for x in rs]):>10.4f} {p99:>8.3f} "
+              f"{hop:>15} {rs[0].get('requests', '-'):>9} "
+              f"{np.mean([x['replicas_added'] for x in rs]):>7.1f} "
+              f"{'-' if cold is None else f'{cold:.2f}':>8}")
     for r in results:
         if r["path"] == "real":
             print(f"{r['policy']}, real: {r['late_in_adding_minutes']} of {r['late']} late or "
                   f"failed requests were sent in the {r['minutes_adding']} of {len(rows)} "
                   f"minutes that added replicas")
+            print(f"{r['policy']}, real: the largest part of each late request's latency: "
+                  + ", ".join(f"{k} {v}" for k, v in r["late_by_part"].items()))
             starts = r["replica_start_s"]
             if starts:
                 print(f"{r['policy']}, real: {len(starts)} replica starts, median "
-                      f"{statistics.median(starts):.1f} s, max {max(starts):.1f} s (the "
-                      f"simulator's --cold-start: {args.cold_start:g} s)")
+                      f"{statistics.median(starts):.1f} s, max {max(starts):.1f} s")
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps({"args": vars(args), "load": load,
