@@ -503,9 +503,8 @@ class ControlPlane:
     def _launch_all(self, launches: list[o.Launch]) -> list[Handle | str]:
         """Each launch's handle, or why it failed (see plinth.runtime.batch)."""
         specs = [self._spec_or_error(ins) for ins in launches]
-        todo = [s for s in specs if isinstance(s, LaunchSpec)]
-        done = dict(zip(map(id, todo), self.launcher.launch(todo), strict=True))
-        return [done[id(s)] if isinstance(s, LaunchSpec) else s for s in specs]
+        done = iter(self.launcher.launch([s for s in specs if isinstance(s, LaunchSpec)]))
+        return [next(done) if isinstance(s, LaunchSpec) else s for s in specs]
 
     def _spec_or_error(self, ins: o.Launch) -> LaunchSpec | str:
         try:

@@ -73,6 +73,22 @@ def find_cgroup2_parent() -> tuple[Path | None, str]:
     return parent, ""
 
 
+def cgroup_memory_limit_mib() -> int:
+    """The memory limit of the cgroup this process runs in (a container's), 0 if none."""
+    for line in _read("/proc/self/cgroup").splitlines():
+        hid, ctrls, path = line.split(":", 2)
+        if hid == "0":
+            f = Path("/sys/fs/cgroup") / path.lstrip("/") / "memory.max"
+        elif "memory" in ctrls.split(","):
+            f = Path("/sys/fs/cgroup/memory") / path.lstrip("/") / "memory.limit_in_bytes"
+        else:
+            continue
+        text = _read(f).strip()
+        if text.isdigit() and int(text) < 2**60:
+            return int(text) // MIB
+    return 0
+
+
 def _read(path: str | Path) -> str:
     try:
         return Path(path).read_text()

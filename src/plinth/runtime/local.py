@@ -58,14 +58,8 @@ from plinth.runtime.base import (
 )
 from plinth.runtime.gpu import GpuInfo, MpsManager, discover_gpus
 from plinth.runtime.gpu import fake_gpus as make_fake_gpus
-from plinth.runtime.limits import Limiter, WorkerLimits
-from plinth.runtime.procs import (
-    cgroup_memory_limit_mib,
-    killpg,
-    read_exit,
-    same_process,
-    start_ticks,
-)
+from plinth.runtime.limits import Limiter, WorkerLimits, cgroup_memory_limit_mib
+from plinth.runtime.procs import killpg, read_exit, same_process, start_ticks
 from plinth.runtime.watch import EventQueue, check_launch, checkpoint_events
 
 log = logging.getLogger(__name__)

@@ -10,7 +10,6 @@ import psutil
 
 from plinth.runtime.base import ProcRef
 
-MIB = 2**20
 START_TIME_TOLERANCE_S = 0.001  # a handle stored without start ticks: its create time
 
 
@@ -37,25 +36,6 @@ def read_exit(path: str, default: int | None = None) -> int | None:
         return int(Path(path).read_text().strip())
     except (OSError, ValueError):
         return default
-
-
-def cgroup_memory_limit_mib() -> int:
-    """The memory limit of the cgroup this process runs in (a container's), 0 if none."""
-    for line in Path("/proc/self/cgroup").read_text().splitlines():
-        hid, ctrls, path = line.split(":", 2)
-        if hid == "0":
-            f = Path("/sys/fs/cgroup") / path.lstrip("/") / "memory.max"
-        elif "memory" in ctrls.split(","):
-            f = Path("/sys/fs/cgroup/memory") / path.lstrip("/") / "memory.limit_in_bytes"
-        else:
-            continue
-        try:
-            text = f.read_text().strip()
-        except OSError:
-            continue
-        if text.isdigit() and int(text) < 2**60:
-            return int(text) // MIB
-    return 0
 
 
 def start_ticks(pid: int) -> int | None:
