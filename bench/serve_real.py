@@ -207,8 +207,7 @@ def real_run(policy: str, rows: list[dict], args, fit_path: Path, jobs: list[str
             finally:
                 done.set()
                 watcher.join()
-            out["started_at_unix"] = out["started_at"]
-            out.update(scale_ups(seen, out.pop("started_at"), minute_s, out.pop("late_by_minute")))
+            out.update(scale_ups(seen, out["started_at"], minute_s, out.pop("late_by_minute")))
             out["replica_start_s"] = replica_starts(seen)
             out["replicas_end"] = [c.workload(f"job{i}")["status"]["desired"]
                                    for i in range(len(jobs))]
