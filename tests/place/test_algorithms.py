@@ -156,6 +156,15 @@ def test_any_plan_respects_memory_and_precedence(g, k, frac, algo):
         assert np.all(p.order[g.dst] >= p.order[g.src] + g.work_us[g.src] - 1e-6)
 
 
+def test_simulate_waits_for_a_producer_on_another_device_over_a_zero_byte_edge():
+    """Found by the property test above: n1 -> n4 carries no bytes, n4 runs on another device,
+    and the simulated step ended before the critical path (5 us against 6)."""
+    g = from_arrays([0.0, 1.0, 0.0, 0.0, 1.0], [(0, 1), (1, 3), (1, 4)], out_bytes=[0] * 5,
+                    param_bytes=[0] * 5, act_bytes=[0] * 5, temp_bytes=[0] * 5, bwd_ratio=2.0)
+    step = simulate(g, [0, 0, 1, 1, 1], PCIE, 2)
+    assert step.makespan_us >= critical_path_us(g) - 1e-6
+
+
 def test_m_etf_waits_for_a_producer_even_when_its_edge_carries_no_bytes():
     """A zero-byte edge (found by the property test above) is still a dependency: the consumer,
     forced onto the other device by memory, starts only after its producer finishes."""

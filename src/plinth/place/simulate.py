@@ -87,7 +87,8 @@ def simulate(g: OpGraph, device_of, comm: CommModel, devices: int, *,
                 events[d].append((t0, float(extra)))
                 arrived[(p, d)] = t = max(t, t1)
                 moved, count = moved + extra, count + 1
-            ready = max(ready, t)
+            # Even with nothing left to send (a zero-byte edge), it waits for its producer.
+            ready = max(ready, t, f_end[p])
         start = max(dev_free[d], ready)
         f_end[u] = dev_free[d] = start + g.fwd_us[u]
         busy[d] += g.fwd_us[u]
