@@ -675,3 +675,62 @@ def test_reasons_left_out_are_the_ones_jobs_already_have(running, pending, nomin
     *reference, full = second(reasons=False)
     assert kept == reference
     assert short <= full
+
+
+# -- passes after which only jobs arrived (Snapshot.arrived) ------------------------------------
+
+def _owner(policy: FairShare, nodes: int = 1):
+    from plinth.sched import owner as o
+    w = o.Owner(make_cluster(nodes=nodes), policy, SchedConfig(min_runtime=0.0), validate=True)
+    reads: list[list[int]] = []
+    arrivals = policy.arrivals
+
+    def counted(snap):  # the real method, with the jobs it hands the pass noted
+        queues = arrivals(snap)
+        reads.append(sorted(js.id for q in queues.values() for js in q))
+        return queues
+
+    policy.arrivals = counted  # type: ignore[method-assign]
+    return o, w, reads
+
+
+def _launch(o, w, out, now):
+    ids = [i.job_id for i in out.instructions if type(i) is o.Launch]
+    if ids:
+        w.handle([o.Started(i, w.jobs[i].attempt, now) for i in ids], now)
+    return ids
+
+
+def test_after_arrivals_only_the_new_jobs_are_read_against_the_reservation() -> None:
+    o, w, reads = _owner(FairShare(quotas=quotas(a=16)))  # the GPUs are short, not quota
+    big, wide = job("a", gpus=6, duration=100.0, submit=0.0), job("a", gpus=8, submit=0.0)
+    assert _launch(o, w, w.handle([o.Submitted(big), o.Submitted(wide)], 0.0), 0.0) == [big.id]
+    assert "reserved from t=100s" in w.jobs[wide.id].reason
+    long, short = job("a", gpus=2, duration=500.0, submit=10.0), \
+        job("a", gpus=2, duration=50.0, submit=10.0)
+    started = _launch(o, w, w.handle([o.Submitted(long), o.Submitted(short)], 10.0), 10.0)
+    # Read alone: the two new jobs, not the one set aside; the short one ends before the
+    # reserved GPUs are due, the long one would delay the wide job.
+    assert reads == [sorted([long.id, short.id])]
+    assert started == [short.id]
+    assert w.jobs[long.id].reason.startswith(f"Resources: would delay job {wide.id}")
+    # Once a job ends, the whole queue is read again.
+    w.handle([o.Exited(short.id, 1, 0)], 60.0)
+    assert len(reads) == 1
+
+
+def test_a_new_job_that_reclaims_quota_lets_the_pass_use_what_its_victim_freed() -> None:
+    # b borrows all 8 GPUs with one job; a's new 2-GPU job reclaims them, and the 6 left over
+    # go to a job of b's that waited: the pass is done again over the whole queue.
+    o, w, reads = _owner(FairShare(quotas=quotas(a=4, b=4)))
+    hog = job("b", gpus=8, duration=1000.0, submit=0.0)
+    _launch(o, w, w.handle([o.Submitted(hog)], 0.0), 0.0)
+    waits = job("b", gpus=2, duration=100.0, submit=1.0)
+    assert _launch(o, w, w.handle([o.Submitted(waits)], 1.0), 1.0) == []
+    new = job("a", gpus=2, duration=100.0, submit=5.0)
+    out = w.handle([o.Submitted(new)], 5.0)
+    assert [s.job_id for s in out.instructions if type(s) is o.Stop] == [hog.id]
+    w.handle([o.Exited(hog.id, 1, 143)], 5.0)
+    assert w.jobs[new.id].status is State.RUNNING
+    assert w.jobs[waits.id].status is State.RUNNING  # read again after the reclaim
+    assert reads[-1] == [new.id]

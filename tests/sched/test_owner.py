@@ -275,3 +275,33 @@ def test_no_lost_job_and_no_over_commit_under_random_events(seed, n):
     assert all(js.status.terminal for js in w.jobs.values()), \
         {js.id: js.status.value for js in w.jobs.values() if not js.status.terminal}
     assert w.state.used_milli == 0 and w.held.used_milli == 0
+
+
+class _Recorder(Policy):
+    """FIFO that records what each pass was told had arrived."""
+
+    name = "recorder"
+    preemptive = True  # a pass on every arrival
+    reads_arrivals = True
+
+    def __init__(self) -> None:
+        self.seen: list[list[int] | None] = []
+
+    def schedule(self, snap, now):
+        self.seen.append(None if snap.arrived is None else [js.id for js in snap.arrived])
+        return make_policy("fifo").schedule(snap, now)
+
+
+def test_a_pass_is_told_which_jobs_arrived_when_nothing_else_changed():
+    rec = _Recorder()
+    w = owner(rec, cluster(gpus=1))
+    w.handle([o.Submitted(job(1)), o.Submitted(job(2))], 0.0)  # 1 starts, 2 waits
+    w.handle([o.Started(1, 1, 0.0)], 0.0)
+    w.handle([o.Submitted(job(3)), o.Submitted(job(4))], 5.0)
+    w.handle([o.Submitted(job(5)), o.Cancelled(5)], 6.0)  # cancelled before the pass
+    assert rec.seen[1:] == [[3, 4], []]
+    w.handle([o.Exited(1, 1, 0), o.Submitted(job(6))], 10.0)  # 1 freed its GPU: anything
+    assert rec.seen[-1] is None
+    w.request_pass()
+    w.handle([o.Submitted(job(7))], 11.0)
+    assert rec.seen[-1] is None

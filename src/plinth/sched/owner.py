@@ -106,6 +106,8 @@ class Owner:
         # What happened since the last pass, to decide whether one is worth running.
         self._freed = self._arrived = self._pass_due = False
         self._arrived_gpu_only = True
+        # The jobs queued since the last pass (see `Snapshot.arrived`); None: unknown or unread.
+        self._queued: list[JobState] | None = [] if policy.reads_arrivals else None
         self._touched_at = -math.inf
         self._out = Output()
 
@@ -249,6 +251,8 @@ class Owner:
     def _queue(self, js: JobState) -> None:
         self.pending.add(js)
         self._arrived = True
+        if self._queued is not None:
+            self._queued.append(js)
         if js.job.request.gpu_milli_total == 0:
             self._arrived_gpu_only = False
 
@@ -319,15 +323,20 @@ class Owner:
     # --- a pass -------------------------------------------------------------------------------
 
     def _schedule(self, now: float) -> None:
+        queued, self._queued = self._queued, ([] if self.policy.reads_arrivals else None)
+        if self._freed or self._pass_due:
+            queued = None
         self._freed = self._arrived = self._pass_due = False
         self._arrived_gpu_only = True
         if self.wake_at is not None and now >= self.wake_at:
             self.wake_at = None  # fired
-        d = self._pass(now)
+            queued = None
+        arrived = None if queued is None else [js for js in queued if js in self.pending]
+        d = self._pass(now, arrived)
         if d.preempts and not d.starts:
             self._pass(now)  # preemption only freed resources: plan again at once to use them
 
-    def _pass(self, now: float) -> Decisions:
+    def _pass(self, now: float, arrived: list[JobState] | None = None) -> Decisions:
         if self.policy.reads_running and now != self._touched_at:
             # (A second pass at the same instant finds them current.) Running jobs only: a
             # stopping one may sit in the pending queue, sorted by the service it had when it
@@ -335,7 +344,7 @@ class Owner:
             account(self.accounted.values(), now)
             self._touched_at = now
         snap = Snapshot(self.cluster, self.state, self.pending, self.running, self.config,
-                        self.ends)
+                        self.ends, arrived)
         t0 = time.perf_counter()
         d = self.policy.schedule(snap, now)
         self._out.policy_s += time.perf_counter() - t0
@@ -538,6 +547,7 @@ class Owner:
         if js.status is State.PENDING:
             self.pending.add(js)
             self._arrived = True
+            self._queued = None  # a first pass after a restart reads the whole queue
             return
         alloc, req = js.allocation, js.job.request
         self.held.allocate(alloc, req)  # type: ignore[arg-type]

@@ -92,6 +92,10 @@ class Snapshot:
     config: SchedConfig = field(default_factory=SchedConfig)
     # The running jobs by expected end, kept by the owner (None: built from `running`).
     ends: RunningEnds | None = None
+    # The jobs queued since the previous pass, when nothing else changed since: no resources
+    # freed, no timer fired, the same cluster and policy (None: anything may have changed).
+    # A policy may then read only these (Kueue's set-aside of inadmissible workloads).
+    arrived: Sequence[JobState] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,6 +26,9 @@ class Policy:
     # Whether `schedule` reads running jobs' progress, attained service or run time: the owner
     # brings every running job up to date before each pass only for a policy that does.
     reads_running = True
+    # Whether `schedule` reads `Snapshot.arrived`: the owner notes the jobs queued between
+    # passes only for a policy that does.
+    reads_arrivals = False
 
     def order(self, js: JobState) -> tuple:
         return (js.job.submit_time, js.job.id)

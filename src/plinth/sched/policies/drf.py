@@ -35,10 +35,19 @@ cheap look-up per repeated blocked job, not O(pending). Jobs further back are no
 get no new reason. A job examined whose reason is the one it already has (`JobState.reason`,
 set by the owner from an earlier pass) is left out of `Decisions.waiting`: most waiting jobs
 wait for the same reason pass after pass, and the owner would only write it again.
+
+After a pass, until something is freed (a job ends or is stopped, a timer fires, the cluster
+or the quotas change), the waiting jobs are set aside as Kueue sets aside inadmissible
+workloads: a pass after which only jobs arrived (`Snapshot.arrived`) reads the new jobs alone,
+against the GPUs reserved and the quota held by the pass before (see `FairShare.arrivals`).
+Its times (the reservation's, the holds') end the set-aside when they come. A new job that
+reclaims quota makes its pass read the whole queue again, as its victims may free more than
+it needs.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import itertools
 import math
@@ -48,6 +57,7 @@ from plinth.core.errors import SpecError
 from plinth.core.resources import Allocation, Cluster, Request, TenantQuota
 from plinth.sched.backfill import GPU_ONLY, masked, reservation, without_reserved
 from plinth.sched.ends import RunningEnds
+from plinth.sched.lifecycle import State
 from plinth.sched.placement import place, placeable
 from plinth.sched.policies.base import Policy
 from plinth.sched.policies.drf_reclaim import Reclaim
@@ -75,6 +85,7 @@ class FairShare(Policy):
 
     name = "drf"
     preemptive = True
+    reads_arrivals = True
 
     def __init__(self, *, quotas: Sequence[TenantQuota] | None = None, depth: int = 16,
                  reclaim: bool = True, preempt_within_tenant: bool = False,
@@ -103,6 +114,7 @@ class FairShare(Policy):
         # does not), and a code per (tenant, request, priority), equal for look-alike jobs.
         self._fixed: dict[JobState, Fixed] = {}
         self._codes: dict[tuple[str, Request, int], int] = {}
+        self._carry: _Carry | None = None  # what the last pass promised: see `arrivals`
 
     def order(self, js: JobState) -> tuple:
         # Grouped by tenant so that a pass can find each tenant's first jobs by binary search;
@@ -135,7 +147,11 @@ class FairShare(Policy):
     def schedule(self, snap: Snapshot, now: float) -> Decisions:
         if len(self._fixed) > 2 * len(snap.pending) + 4096:
             self._fixed.clear()  # most are of jobs no longer waiting
-        queues = tenant_queues(snap.pending, key=self.order)
+        carry, self._carry = self._carry, None
+        if carry is not None and not carry.stands(snap, now):
+            carry = None
+        queues = (tenant_queues(snap.pending, key=self.order) if carry is None
+                  else self.arrivals(snap))
         # The running jobs' usage, charged once per (tenant, request) with its count: a pass
         # rebuilds the book, and a big cluster runs tens of thousands of jobs of a few shapes.
         usage: dict[tuple[str, int], list] = {}
@@ -150,12 +166,65 @@ class FairShare(Policy):
         tenants = set(queues) | {name for name, _ in usage}
         if self._totals_for is not snap.cluster:
             self._totals_for, self._totals = snap.cluster, cluster_totals(snap.cluster)
-        book = QuotaBook(self.quotas_for(snap.cluster, tenants), snap.cluster, self._totals)
+        quotas = self.quotas_for(snap.cluster, tenants)
+        if carry is not None and quotas is not carry.quotas:  # a new tenant: new equal shares
+            carry, queues = None, tenant_queues(snap.pending, key=self.order)
+        book = QuotaBook(quotas, snap.cluster, self._totals)
         for (name, _), (req, n) in usage.items():
             book.charge(name, req, n)
         p = _Pass(self, snap, now, book)
+        if carry is not None:
+            p.reservation, p.holds = carry.reservation, dict(carry.holds)
+            p.promised = list(carry.promised)
+            if p.reservation is not None:
+                p.avoid = without_reserved(p.work, p.reservation[2])
         p.run(queues)
+        if carry is not None and p.d.preempts:
+            # A new job reclaimed quota: what its victims free beyond its need may admit jobs
+            # set aside, so this pass is done again over the whole queue.
+            return self.schedule(dataclasses.replace(snap, arrived=None), now)
+        if not p.d.preempts and not self.strict_fifo:
+            self._carry = _Carry(snap, quotas, p)
         return p.d
+
+    def arrivals(self, snap: Snapshot) -> dict[str, Sequence[JobState]]:
+        """The queues of a pass after which only jobs arrived (`Snapshot.arrived`): each
+        tenant's new jobs, in queue order. As Kueue sets inadmissible workloads aside until
+        an event in their cohort could admit them, the jobs that waited in the last pass are
+        not read again: nothing was freed since, so each would wait again. The new jobs are
+        checked against what that pass promised (the GPUs reserved for the first job in line,
+        each tenant's quota hold). A new job further back in its tenant's queue than a pass
+        reads (`backfill_depth`) waits unread, as it would in a full pass."""
+        pending, scan = snap.pending, max(snap.config.backfill_depth, 1)
+        queues: dict[str, list[JobState]] = {}
+        for js in sorted(snap.arrived or (), key=self.order):
+            tenant = js.job.tenant
+            if (pending.bisect_key_left(self.order(js))  # type: ignore[attr-defined]
+                    - pending.bisect_key_left((tenant,)) < scan):  # type: ignore[attr-defined]
+                queues.setdefault(tenant, []).append(js)
+        return queues  # type: ignore[return-value]
+
+
+class _Carry:
+    """What a pass promised, kept for the next if only jobs arrive in between: the GPUs
+    reserved for the first job in line and each tenant's quota hold. It stands while the
+    owner's queue and state are the same objects, the quotas the same, the jobs it was made
+    for still wait, and none of its times has come."""
+
+    __slots__ = ("holds", "pending", "promised", "quotas", "reservation", "state", "until")
+
+    def __init__(self, snap: Snapshot, quotas: tuple[TenantQuota, ...], p: _Pass) -> None:
+        self.pending, self.state, self.quotas = snap.pending, snap.state, quotas
+        self.reservation, self.holds, self.promised = p.reservation, p.holds, p.promised
+        self.until = min([t for _, t in p.holds.values()]
+                         + ([p.reservation[1]] if p.reservation is not None else []),
+                         default=math.inf)
+
+    def stands(self, snap: Snapshot, now: float) -> bool:
+        return (snap.arrived is not None and snap.pending is self.pending
+                and snap.state is self.state and now < self.until
+                and hasattr(snap.pending, "bisect_key_left")
+                and all(js.status is State.PENDING for js in self.promised))
 
 
 class _Pass(Reclaim):
@@ -176,6 +245,7 @@ class _Pass(Reclaim):
         self.reservation: tuple[int, float, frozenset[int]] | None = None  # job, from, GPUs
         self.avoid: ClusterState | None = None  # `work` with the reserved GPUs taken
         self.holds: dict[str, tuple[int, float]] = {}  # tenant -> job, time: see `hold`
+        self.promised: list[JobState] = []  # the jobs of the reservation and the holds
         self.jobs: dict[int, JobState] = {}  # the jobs started, by id
         self.gpu_before = {name: t.gpu for name, t in book.tenants.items()}
         self._ends: RunningEnds | None = None  # see `cohort_ends`
@@ -423,6 +493,7 @@ class _Pass(Reclaim):
             return ""
         reserved = res.gpus
         self.reservation = (js.id, shadow, reserved)
+        self.promised.append(js)
         self.avoid = without_reserved(self.work, reserved)
         return f"; first in line, GPUs reserved from t={shadow:.0f}s"
 
@@ -439,6 +510,7 @@ class _Pass(Reclaim):
         if when is None:
             return ""
         self.holds[t.name] = (js.id, when)
+        self.promised.append(js)
         return f"; first in line for {t.name}'s quota, expected from t={when:.0f}s"
 
     def cohort_ends(self, cohort: str) -> Iterator[tuple[float, str, int]]:
