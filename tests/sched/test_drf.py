@@ -734,3 +734,60 @@ def test_a_new_job_that_reclaims_quota_lets_the_pass_use_what_its_victim_freed()
     assert w.jobs[new.id].status is State.RUNNING
     assert w.jobs[waits.id].status is State.RUNNING  # read again after the reclaim
     assert reads[-1] == [new.id]
+
+
+# -- a tenant whose quota is spent (`_Pass.spent`) ------------------------------------------------
+
+def _counted(policy: FairShare, snap: Snapshot) -> Snapshot:
+    """`snap` with its queue kept as the owner keeps it: the policy's own, which counts each
+    tenant's jobs that ask for no GPU."""
+    import dataclasses
+    return dataclasses.replace(snap, pending=policy.pending_queue(snap.pending))
+
+
+def test_a_tenant_that_can_borrow_nothing_more_is_read_no_further() -> None:
+    # a holds its 4 nominal GPUs and borrows 4 of b's: the cohort's 8 are all used.
+    cluster = make_cluster(nodes=1, tenants=quotas(a=4, b=4))
+    running = [(job("a", gpus=4, cpus=0, duration=600.0), 0.0),
+               (job("a", gpus=4, cpus=0, duration=600.0), 0.0)]
+    queue = [job("a", gpus=1, duration=d) for d in (100.0, 200.0, 300.0, 400.0)]
+    pol = FairShare()
+    d = pol.schedule(_counted(pol, snapshot(cluster, pol, queue, running)), NOW)
+    assert not d.starts
+    assert list(d.waiting) == [queue[0].id]  # the rest keep the reasons they had
+    # A job that asks for no GPU behind them is not spent: the queue is read on to it.
+    cpu_only = job("a", gpus=0, duration=50.0)
+    d = pol.schedule(_counted(pol, snapshot(cluster, pol, [*queue, cpu_only], running)), NOW)
+    assert [s.job_id for s in d.starts] == [cpu_only.id]
+
+
+@settings(max_examples=60, deadline=None)
+@given(running=st.lists(st.tuples(st.sampled_from("ab"), st.sampled_from([1, 2, 4]),
+                                  st.sampled_from([600.0, 7200.0, 36000.0])), max_size=10),
+       pending=st.lists(st.tuples(st.sampled_from("abc"), st.sampled_from([0, 1, 2, 4, 8]),
+                                  st.sampled_from([0, 1]),
+                                  st.sampled_from([600.0, 7200.0, 36000.0])),
+                        min_size=1, max_size=40),
+       nominal=st.tuples(*[st.sampled_from([0, 4, 8])] * 3),
+       limit=st.sampled_from([None, 0, 2]), reserve=st.booleans())
+def test_reading_no_further_than_a_spent_tenant_changes_no_decision(running, pending, nominal,
+                                                                    limit, reserve) -> None:
+    """With the owner's counting queue (spent tenants read no further) and with a plain
+    sorted list (every job read), a pass makes the same starts, preemptions and wake-up, and
+    the reasons it gives are the reference's."""
+    quotas_ = tuple(TenantQuota(n, g, borrowing_limit=limit) for n, g in zip("abc", nominal))
+    cluster = make_cluster(nodes=2, tenants=quotas_)
+    jobs = [job(t, gpus=g, cpus=1000, priority=p, duration=dur) for t, g, p, dur in pending]
+    fits = _fitting(cluster, running)
+
+    def decide(counted: bool) -> tuple:
+        pol = FairShare(reserve=reserve)
+        snap = snapshot(cluster, pol, jobs, fits)
+        d = pol.schedule(_counted(pol, snap) if counted else snap, NOW)
+        return ([(s.job_id, s.allocation, s.reason) for s in d.starts],
+                [(p.job_id, p.reason) for p in d.preempts], d.wake_at), d.waiting
+
+    fast, some = decide(counted=True)
+    reference, every = decide(counted=False)
+    assert fast == reference
+    assert some.items() <= every.items()

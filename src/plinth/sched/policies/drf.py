@@ -43,15 +43,23 @@ against the GPUs reserved and the quota held by the pass before (see `FairShare.
 Its times (the reservation's, the holds') end the set-aside when they come. A new job that
 reclaims quota makes its pass read the whole queue again, as its victims may free more than
 it needs.
+
+In the borrowing round, a tenant that may borrow nothing more (its cohort's quota all used,
+or its borrowing limit reached) and has no waiting job without GPUs is read no further than
+its first waiting job (`_Pass.spent`): no job of it could start, and the jobs behind keep the
+reasons they were last given.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import heapq
 import itertools
 import math
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+
+from sortedcontainers import SortedKeyList
 
 from plinth.core.errors import SpecError
 from plinth.core.resources import Allocation, Cluster, Request, TenantQuota
@@ -115,6 +123,9 @@ class FairShare(Policy):
         self._fixed: dict[JobState, Fixed] = {}
         self._codes: dict[tuple[str, Request, int], int] = {}
         self._carry: _Carry | None = None  # what the last pass promised: see `arrivals`
+
+    def pending_queue(self, jobs: Iterable[JobState] = ()) -> SortedKeyList:
+        return _Pending(jobs, key=self.order)
 
     def order(self, js: JobState) -> tuple:
         # Grouped by tenant so that a pass can find each tenant's first jobs by binary search;
@@ -205,6 +216,58 @@ class FairShare(Policy):
         return queues  # type: ignore[return-value]
 
 
+class _Pending(SortedKeyList):
+    """The pending queue (sorted by `FairShare.order`), counting each tenant's jobs that ask
+    for no GPU (`gpuless`): a tenant with none of them whose quota is spent has no job that
+    can start (see `_Pass.spent`). Changes other than add, remove and discard forget the
+    counts (`gpuless` None: unknown)."""
+
+    def __init__(self, iterable: Iterable[JobState] = (),
+                 key: Callable[[JobState], tuple] | None = None) -> None:
+        self.gpuless: collections.Counter[str] | None = collections.Counter()
+        super().__init__(key=key)
+        self.update(iterable)
+
+    def add(self, value: JobState) -> None:
+        super().add(value)
+        if self.gpuless is not None and not value.job.request.gpu_milli_total:
+            self.gpuless[value.job.tenant] += 1
+
+    def remove(self, value: JobState) -> None:
+        super().remove(value)
+        if self.gpuless is not None and not value.job.request.gpu_milli_total:
+            self.gpuless[value.job.tenant] -= 1
+
+    def discard(self, value: JobState) -> None:
+        if (self.gpuless is not None and not value.job.request.gpu_milli_total
+                and value in self):
+            self.gpuless[value.job.tenant] -= 1
+        super().discard(value)
+
+    def update(self, iterable: Iterable[JobState]) -> None:
+        values = list(iterable)
+        super().update(values)
+        if self.gpuless is not None:
+            self.gpuless.update(js.job.tenant for js in values
+                                if not js.job.request.gpu_milli_total)
+
+    def clear(self) -> None:
+        super().clear()
+        self.gpuless = collections.Counter()
+
+    def _forget(name: str) -> Callable:  # type: ignore[misc]  # (a helper of the class body)
+        def forgetting(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+            self.gpuless = None  # unknown from now on
+            return getattr(SortedKeyList, name)(self, *args, **kwargs)
+        return forgetting
+
+    pop = _forget("pop")
+    __delitem__ = _forget("__delitem__")
+    __iadd__ = _forget("__iadd__")
+    __imul__ = _forget("__imul__")
+    del _forget
+
+
 class _Carry:
     """What a pass promised, kept for the next if only jobs arrive in between: the GPUs
     reserved for the first job in line and each tenant's quota hold. It stands while the
@@ -241,6 +304,8 @@ class _Pass(Reclaim):
         self.blocked: dict[int, str] = {}  # see `admit`: reasons by key, at `blocked_at`
         self.blocked_at = 0  # the number of starts and preemptions when they were given
         self.fixed = policy._fixed.get
+        # Each tenant's waiting jobs that ask for no GPU, where the queue counts them.
+        self.gpuless = snap.pending.gpuless if type(snap.pending) is _Pending else None
         self._running: dict[str, list[JobState]] | None = None
         self.reservation: tuple[int, float, frozenset[int]] | None = None  # job, from, GPUs
         self.avoid: ClusterState | None = None  # `work` with the reserved GPUs taken
@@ -319,6 +384,8 @@ class _Pass(Reclaim):
                     q.active, q.done, q.later, q.head = False, True, [], None
                 elif q.waits >= depth or q.seen >= scan:
                     q.active = False
+                elif borrowing and self.spent(t):
+                    q.active = False  # nothing more of it can start: the rest wait unread
                 else:
                     self.repeat_run(q, scan)
             if len(self.d.preempts) != preempts:
@@ -327,6 +394,16 @@ class _Pass(Reclaim):
                 heapq.heapify(heap)
             if q.active:
                 heapq.heappush(heap, (book.share(t), q.name))
+
+    def spent(self, t: TenantUsage) -> bool:
+        """Whether none of t's jobs still waiting can start in this pass: each would borrow
+        (t is at or over nominal quota and none of them asks for no GPU), and t may borrow
+        nothing more (the cohort's quota is all used, or t's borrowing limit reached). Its
+        usage and the cohort's only grow in the borrowing round, as borrowing jobs never
+        preempt, so this holds for the rest of the pass."""
+        return (t.gpu >= t.nominal and self.gpuless is not None and not self.gpuless[t.name]
+                and not self.policy.preempt_within_tenant
+                and not self.book.admits(t, 1, t.gpu, self.book.cohort_usage[t.cohort]))
 
     def put_off_run(self, q: TenantQueue, t: TenantUsage, scan: int) -> None:
         """Put off, as the first round does one at a time, the jobs right behind one just put
