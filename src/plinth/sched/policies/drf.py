@@ -52,12 +52,11 @@ reasons they were last given.
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import heapq
 import itertools
 import math
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 from sortedcontainers import SortedKeyList
 
@@ -66,6 +65,7 @@ from plinth.core.resources import Allocation, Cluster, Request, TenantQuota
 from plinth.sched.backfill import GPU_ONLY, masked, reservation, without_reserved
 from plinth.sched.ends import RunningEnds
 from plinth.sched.lifecycle import State
+from plinth.sched.pending import GpulessCount
 from plinth.sched.placement import place, placeable
 from plinth.sched.policies.base import Policy
 from plinth.sched.policies.drf_reclaim import Reclaim
@@ -125,7 +125,7 @@ class FairShare(Policy):
         self._carry: _Carry | None = None  # what the last pass promised: see `arrivals`
 
     def pending_queue(self, jobs: Iterable[JobState] = ()) -> SortedKeyList:
-        return _Pending(jobs, key=self.order)
+        return GpulessCount(jobs, key=self.order)
 
     def order(self, js: JobState) -> tuple:
         # Grouped by tenant so that a pass can find each tenant's first jobs by binary search;
@@ -216,58 +216,6 @@ class FairShare(Policy):
         return queues  # type: ignore[return-value]
 
 
-class _Pending(SortedKeyList):
-    """The pending queue (sorted by `FairShare.order`), counting each tenant's jobs that ask
-    for no GPU (`gpuless`): a tenant with none of them whose quota is spent has no job that
-    can start (see `_Pass.spent`). Changes other than add, remove and discard forget the
-    counts (`gpuless` None: unknown)."""
-
-    def __init__(self, iterable: Iterable[JobState] = (),
-                 key: Callable[[JobState], tuple] | None = None) -> None:
-        self.gpuless: collections.Counter[str] | None = collections.Counter()
-        super().__init__(key=key)
-        self.update(iterable)
-
-    def add(self, value: JobState) -> None:
-        super().add(value)
-        if self.gpuless is not None and not value.job.request.gpu_milli_total:
-            self.gpuless[value.job.tenant] += 1
-
-    def remove(self, value: JobState) -> None:
-        super().remove(value)
-        if self.gpuless is not None and not value.job.request.gpu_milli_total:
-            self.gpuless[value.job.tenant] -= 1
-
-    def discard(self, value: JobState) -> None:
-        if (self.gpuless is not None and not value.job.request.gpu_milli_total
-                and value in self):
-            self.gpuless[value.job.tenant] -= 1
-        super().discard(value)
-
-    def update(self, iterable: Iterable[JobState]) -> None:
-        values = list(iterable)
-        super().update(values)
-        if self.gpuless is not None:
-            self.gpuless.update(js.job.tenant for js in values
-                                if not js.job.request.gpu_milli_total)
-
-    def clear(self) -> None:
-        super().clear()
-        self.gpuless = collections.Counter()
-
-    def _forget(name: str) -> Callable:  # type: ignore[misc]  # (a helper of the class body)
-        def forgetting(self, *args, **kwargs):  # type: ignore[no-untyped-def]
-            self.gpuless = None  # unknown from now on
-            return getattr(SortedKeyList, name)(self, *args, **kwargs)
-        return forgetting
-
-    pop = _forget("pop")
-    __delitem__ = _forget("__delitem__")
-    __iadd__ = _forget("__iadd__")
-    __imul__ = _forget("__imul__")
-    del _forget
-
-
 class _Carry:
     """What a pass promised, kept for the next if only jobs arrive in between: the GPUs
     reserved for the first job in line and each tenant's quota hold. It stands while the
@@ -305,7 +253,7 @@ class _Pass(Reclaim):
         self.blocked_at = 0  # the number of starts and preemptions when they were given
         self.fixed = policy._fixed.get
         # Each tenant's waiting jobs that ask for no GPU, where the queue counts them.
-        self.gpuless = snap.pending.gpuless if type(snap.pending) is _Pending else None
+        self.gpuless = snap.pending.gpuless if type(snap.pending) is GpulessCount else None
         self._running: dict[str, list[JobState]] | None = None
         self.reservation: tuple[int, float, frozenset[int]] | None = None  # job, from, GPUs
         self.avoid: ClusterState | None = None  # `work` with the reserved GPUs taken

@@ -45,16 +45,16 @@ nothing behind it that needs a GPU could start then.
 from __future__ import annotations
 
 import bisect
-import collections
 import itertools
 import math
 import operator
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
 from sortedcontainers import SortedKeyList
 
 from plinth.core.errors import SpecError
+from plinth.sched.pending import ChangeCount
 from plinth.sched.policies.base import Policy
 from plinth.sched.preemption import MIN_WAKE, PreemptionPlan
 from plinth.sched.types import Decisions, JobState, Snapshot
@@ -90,7 +90,7 @@ class Tiresias(Policy):
         self._gpus: dict[JobState, float] = {}  # see `_next_demotion`
 
     def pending_queue(self, jobs: Iterable[JobState] = ()) -> SortedKeyList:
-        return _CountedQueue(jobs, key=self.order)
+        return ChangeCount(jobs, key=self.order)
 
     def queue_of(self, attained: float) -> int:
         """Queue index by attained GPU-seconds; reaching a threshold exactly demotes."""
@@ -305,46 +305,6 @@ class Tiresias(Policy):
         return bisect.bisect_left(pending, (q,), key=self.order)
 
 
-class _CountedQueue(SortedKeyList):
-    """The pending queue (sorted by `Tiresias.order`), counting the jobs added to or removed
-    from each Tiresias queue (`changes[q]`). The owner changes a waiting job's accounting only
-    while it is out of the queue (it takes it out first, as its sort key may change), so
-    while a queue's count stays the same, so do its jobs and all they hold: a pass may keep
-    what it read of it. Other changes (`update`, `pop`, ...) count for every queue (`epoch`)."""
-
-    def __init__(self, iterable: Iterable[JobState] = (),
-                 key: Callable[[JobState], tuple] | None = None) -> None:
-        self.changes: collections.Counter[int] = collections.Counter()
-        self.epoch = 0
-        super().__init__(iterable, key=key)
-
-    def add(self, value: JobState) -> None:
-        self.changes[self.key(value)[0]] += 1
-        super().add(value)
-
-    def remove(self, value: JobState) -> None:
-        self.changes[self.key(value)[0]] += 1
-        super().remove(value)
-
-    def discard(self, value: JobState) -> None:
-        self.changes[self.key(value)[0]] += 1
-        super().discard(value)
-
-    def _bulk(name: str) -> Callable:  # type: ignore[misc]  # (a helper of the class body)
-        def counted(self, *args, **kwargs):  # type: ignore[no-untyped-def]
-            self.epoch += 1
-            return getattr(SortedKeyList, name)(self, *args, **kwargs)
-        return counted
-
-    update = _bulk("update")
-    clear = _bulk("clear")
-    pop = _bulk("pop")
-    __delitem__ = _bulk("__delitem__")
-    __iadd__ = _bulk("__iadd__")
-    __imul__ = _bulk("__imul__")
-    del _bulk
-
-
 class _Oldest:
     """The oldest jobs of one lower queue and their starvation limits, as read from `queue`
     when it had made `changes` to that queue. Sorted by limit only when a pass needs it
@@ -394,7 +354,7 @@ class _Oldest:
 def _changes(queue: Sequence[JobState], q: int) -> tuple[int, int] | None:
     """The count of changes to `queue`'s queue q (with its bulk changes); None if it keeps
     no count."""
-    if not isinstance(queue, _CountedQueue):
+    if not isinstance(queue, ChangeCount):
         return None
     return queue.epoch, queue.changes[q]
 
