@@ -467,8 +467,10 @@ class _Pass(Reclaim):
         hold = self.holds.get(t.name)
         if (hold is not None and hold[0] != js.id and req.gpu_milli_total
                 and self.now + js.remaining_estimate > hold[1]):
+            # (No time: the first job's own reason has it, and a reason that moves with
+            # every pass would be written again for each job behind it, pass after pass.)
             self.d.waiting[js.id] = (f"Quota: would delay job {hold[0]} of {t.name}, first in "
-                                     f"line for its quota from t={hold[1]:.0f}s")
+                                     f"line for its quota")
             return False
         v = self.book.verdict(t, req.gpu_milli_total)
         if v.kind == NO_QUOTA:
@@ -485,7 +487,7 @@ class _Pass(Reclaim):
             return True
         if late and held is not None and self.fits_work(req):
             self.d.waiting[js.id] = (f"Resources: would delay job {held[0]}, which has GPUs "
-                                     f"reserved from t={held[1]:.0f}s")
+                                     f"reserved")
             return False
         if v.kind == NOMINAL:
             why = self.reclaim(js, t) if self.policy.reclaim else "reclaim is off"
