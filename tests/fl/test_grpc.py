@@ -1,5 +1,6 @@
 """Real gRPC on 127.0.0.1: chunked streams, TLS, per-client tokens, separate processes."""
 
+import contextlib
 import json
 import os
 import signal
@@ -8,8 +9,11 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import grpc
 import numpy as np
 import pytest
 
@@ -151,6 +155,79 @@ def test_a_client_waits_transport_connect_timeout_for_its_server(tmp_path, free_
     assert load_app(app).transport.connect_timeout == 3
     default = load_app(APPS / "tiny.yaml").transport.connect_timeout
     assert default >= 120, default  # the default outlasts a unit's start on a busy cluster
+
+
+@contextlib.contextmanager
+def _fleet(port: int, handlers: dict) -> Iterator[None]:
+    """A real gRPC server on 127.0.0.1:`port` that answers the fleet's methods with
+    `handlers` (name -> grpc method handler): a server that misbehaves on purpose."""
+    server = grpc.server(ThreadPoolExecutor(4))
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
+        "plinth.fl.Fleet", handlers),))
+    server.add_insecure_port(f"127.0.0.1:{port}")
+    server.start()
+    try:
+        yield
+    finally:
+        server.stop(0)
+
+
+def _joined(calls: list, fail: Callable[[], bool] = lambda: False):
+    def join(request: bytes, context: grpc.ServicerContext) -> bytes:
+        calls.append(json.loads(request)["client_id"])
+        if fail():
+            context.abort(grpc.StatusCode.UNAVAILABLE, "Connection reset by peer")
+        return json.dumps({"client_id": calls[-1], "chunk_size": 1024}).encode()
+    return grpc.unary_unary_rpc_method_handler(join)
+
+
+def test_a_join_that_breaks_as_its_server_goes_away_is_tried_again(free_port):
+    """A Join sent down a connection that breaks (the server was killed as the client
+    rejoined it) fails at once with UNAVAILABLE, even while waiting for the server. The
+    client tries again until its connect_timeout instead of leaving the task for good."""
+    calls: list[str] = []
+    fail_always = threading.Event()
+    with _fleet(free_port, {"Join": _joined(calls, lambda: len(calls) == 1
+                                                  or fail_always.is_set())}):
+        client = GrpcClient(f"127.0.0.1:{free_port}", client_id="c0", connect_timeout=5)
+        assert client.join()["client_id"] == "c0"
+        assert calls == ["c0", "c0"]
+        fail_always.set()  # a server that never takes it: given up after connect_timeout
+        client.connect_timeout = 1
+        with pytest.raises(PlinthError, match="cannot join .*UNAVAILABLE"):
+            client.join()
+        assert len(calls) > 3
+
+
+@pytest.mark.parametrize("broken", [grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN])
+def test_a_task_stream_that_breaks_off_makes_the_client_join_again(free_port, broken):
+    """A Pull stream cut by a dying server may end INTERNAL or UNKNOWN rather than
+    UNAVAILABLE: the client joins again and goes on, as for any server that went away. A
+    refusal (a token the server does not know) still ends it."""
+    joins: list[str] = []
+    pulls = []
+
+    def pull(request: bytes, context: grpc.ServicerContext) -> Iterator[bytes]:
+        pulls.append(1)
+        if len(pulls) == 1:
+            context.abort(broken, "Received RST_STREAM with error code 2")
+        yield json.dumps({"shutdown": True}).encode()
+
+    with _fleet(free_port, {"Join": _joined(joins),
+                            "Pull": grpc.unary_stream_rpc_method_handler(pull)}):
+        client = GrpcClient(f"127.0.0.1:{free_port}", client_id="c0", connect_timeout=5)
+        assert client.serve(lambda payload: payload) == 0
+    assert joins == ["c0", "c0"] and len(pulls) == 2
+
+    def refuse(request: bytes, context: grpc.ServicerContext) -> Iterator[bytes]:
+        context.abort(grpc.StatusCode.UNAUTHENTICATED, "unknown or missing client token")
+        yield b""
+
+    with _fleet(free_port, {"Join": _joined([]),
+                            "Pull": grpc.unary_stream_rpc_method_handler(refuse)}):
+        client = GrpcClient(f"127.0.0.1:{free_port}", client_id="c0", connect_timeout=5)
+        with pytest.raises(PlinthError, match="lost .*UNAUTHENTICATED"):
+            client.serve(lambda payload: payload)
 
 
 def test_killed_grpc_server_resumes_and_clients_rejoin(tmp_path, free_port):

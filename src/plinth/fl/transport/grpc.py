@@ -398,6 +398,10 @@ class GrpcTransport:
         self._server.stop(grace=0.5).wait()
 
 
+_REFUSED = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED,
+            grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.UNIMPLEMENTED)
+
+
 class GrpcClient:
     """The client end: join, then pull tasks, hand each to `handle`, push the reply back."""
 
@@ -422,11 +426,20 @@ class GrpcClient:
 
     def join(self) -> dict[str, Any]:
         hello = json.dumps({"client_id": self.client_id, "properties": self.properties}).encode()
-        try:
-            reply = self._join(hello, metadata=self.metadata, wait_for_ready=True,
-                               timeout=self.connect_timeout)
-        except grpc.RpcError as e:
-            raise self._call_error(e, "--server: cannot join") from None
+        end = time.monotonic() + self.connect_timeout
+        while True:
+            try:
+                reply = self._join(hello, metadata=self.metadata, wait_for_ready=True,
+                                   timeout=max(0.1, end - time.monotonic()))
+                break
+            except grpc.RpcError as e:
+                # Waiting for the server covers a server not there yet, not a connection that
+                # breaks under the call (a server killed as the client rejoins it): that fails
+                # at once, so try again until connect_timeout.
+                if e.code() is grpc.StatusCode.UNAVAILABLE and time.monotonic() < end:
+                    time.sleep(0.2)
+                    continue
+                raise self._call_error(e, "--server: cannot join") from None
         info = json.loads(reply)
         self.client_id = info["client_id"]
         return info
@@ -456,8 +469,10 @@ class GrpcClient:
                     continue
                 payload = serde.join(frames, int(head["total"]))
             except grpc.RpcError as e:
-                if e.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED,
-                                    grpc.StatusCode.FAILED_PRECONDITION):
+                # A refusal ends the client; anything else is a server gone away or going:
+                # a stream broken under way reads as UNAVAILABLE, CANCELLED, INTERNAL or
+                # UNKNOWN depending on where it broke.
+                if e.code() in _REFUSED:
                     raise self._call_error(e, "--server: lost") from None
                 # A server that finishes says so; one that vanished may be restarting with
                 # --resume (and then does not know us yet): join again, waiting up to
