@@ -398,8 +398,10 @@ class GrpcTransport:
         self._server.stop(grace=0.5).wait()
 
 
+# Answers that asking again would only repeat: they end a client.
 _REFUSED = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED,
-            grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.UNIMPLEMENTED)
+            grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.UNIMPLEMENTED,
+            grpc.StatusCode.RESOURCE_EXHAUSTED)
 
 
 class GrpcClient:
