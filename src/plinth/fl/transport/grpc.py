@@ -103,13 +103,21 @@ def listen(server: grpc.Server, target: str, cert: bytes | None, key: bytes | No
 
 
 RECONNECT_MAX_MS = 2000
+# Waiting for the server covers a server not there yet, not a connection that breaks under a
+# Join (a server killed as its clients rejoin it): that fails at once with UNAVAILABLE, so
+# gRPC tries it again (within the call's deadline, waiting for the server each time).
+_JOIN_RETRY = json.dumps({"methodConfig": [{
+    "name": [{"service": SERVICE, "method": "Join"}],
+    "retryPolicy": {"maxAttempts": 5, "initialBackoff": "0.1s", "maxBackoff": "0.2s",
+                    "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]}}]})
 
 
 def open_channel(address: str, ca: bytes | None, chunk_size: int) -> grpc.Channel:
     """A channel to `address`, pinning the CA `ca` when given (else plaintext). A server (or
     middle aggregator) that died is tried again at least every RECONNECT_MAX_MS, so that its
     replacement on the same address is found within seconds, not gRPC's default 2 minutes."""
-    opts = [*message_options(chunk_size), ("grpc.max_reconnect_backoff_ms", RECONNECT_MAX_MS)]
+    opts = [*message_options(chunk_size), ("grpc.max_reconnect_backoff_ms", RECONNECT_MAX_MS),
+            ("grpc.service_config", _JOIN_RETRY)]
     if ca is not None:
         return grpc.secure_channel(address, grpc.ssl_channel_credentials(ca), opts)
     return grpc.insecure_channel(address, opts)
@@ -428,20 +436,11 @@ class GrpcClient:
 
     def join(self) -> dict[str, Any]:
         hello = json.dumps({"client_id": self.client_id, "properties": self.properties}).encode()
-        end = time.monotonic() + self.connect_timeout
-        while True:
-            try:
-                reply = self._join(hello, metadata=self.metadata, wait_for_ready=True,
-                                   timeout=max(0.1, end - time.monotonic()))
-                break
-            except grpc.RpcError as e:
-                # Waiting for the server covers a server not there yet, not a connection that
-                # breaks under the call (a server killed as the client rejoins it): that fails
-                # at once, so try again until connect_timeout.
-                if e.code() is grpc.StatusCode.UNAVAILABLE and time.monotonic() < end:
-                    time.sleep(0.2)
-                    continue
-                raise self._call_error(e, "--server: cannot join") from None
+        try:
+            reply = self._join(hello, metadata=self.metadata, wait_for_ready=True,
+                               timeout=self.connect_timeout)
+        except grpc.RpcError as e:
+            raise self._call_error(e, "--server: cannot join") from None
         info = json.loads(reply)
         self.client_id = info["client_id"]
         return info

@@ -253,7 +253,7 @@ class _Pass(Reclaim):
         self.blocked_at = 0  # the number of starts and preemptions when they were given
         self.fixed = policy._fixed.get
         # Each tenant's waiting jobs that ask for no GPU, where the queue counts them.
-        self.gpuless = snap.pending.gpuless if type(snap.pending) is GpulessCount else None
+        self.gpuless = snap.pending.gpuless if isinstance(snap.pending, GpulessCount) else None
         self._running: dict[str, list[JobState]] | None = None
         self.reservation: tuple[int, float, frozenset[int]] | None = None  # job, from, GPUs
         self.avoid: ClusterState | None = None  # `work` with the reserved GPUs taken
@@ -470,7 +470,7 @@ class _Pass(Reclaim):
             # (No time: the first job's own reason has it, and a reason that moves with
             # every pass would be written again for each job behind it, pass after pass.)
             self.d.waiting[js.id] = (f"Quota: would delay job {hold[0]} of {t.name}, first in "
-                                     f"line for its quota")
+                                     "line for its quota")
             return False
         v = self.book.verdict(t, req.gpu_milli_total)
         if v.kind == NO_QUOTA:
@@ -486,8 +486,7 @@ class _Pass(Reclaim):
                                       else "Admitted (borrowing): ") + v.text)
             return True
         if late and held is not None and self.fits_work(req):
-            self.d.waiting[js.id] = (f"Resources: would delay job {held[0]}, which has GPUs "
-                                     f"reserved")
+            self.d.waiting[js.id] = f"Resources: would delay job {held[0]}, which has GPUs reserved"
             return False
         if v.kind == NOMINAL:
             why = self.reclaim(js, t) if self.policy.reclaim else "reclaim is off"
