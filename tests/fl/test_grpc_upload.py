@@ -5,6 +5,7 @@ replies, and the tree's model is the flat engine's."""
 
 import contextlib
 import gc
+import itertools
 import json
 import threading
 
@@ -37,8 +38,10 @@ class _Dropped(Exception):
     pass
 
 
-def _half_then_drop(addr, cid, sent):
-    """A real gRPC client that pulls its task, uploads half of a poisoned reply and drops."""
+def _half_then_drop(addr, cid, sent, began):
+    """A real gRPC client that pulls its task, uploads half of a poisoned reply and drops once
+    the server has begun to receive it (`began`: dropped sooner, under load, the server may
+    never read the header, and the task is lost to the straggler timeout instead)."""
     c = GrpcClient(addr, client_id=cid, properties={"num_examples": 5}, chunk_size=1024)
     c.join()
     req = json.dumps({"client_id": cid}).encode()
@@ -56,6 +59,7 @@ def _half_then_drop(addr, cid, sent):
         yield header
         yield from parts[:len(parts) // 2]
         sent.set()
+        began.wait(30)
         raise _Dropped  # the client goes away mid-stream
 
     with contextlib.suppress(grpc.RpcError, _Dropped):  # the call dies with our own drop
@@ -93,6 +97,19 @@ def _server(transport, n, mode="stream"):
     return s
 
 
+def _on_receiving(transport, n, began):
+    """Sets `began` once the transport has begun to receive `n` uploads (read each header and
+    given it a buffer to be received into)."""
+    buffer, seen = transport._buffer, itertools.count(1)
+
+    def counted(total):
+        body = buffer(total)
+        if next(seen) >= n:
+            began.set()
+        return body
+    transport._buffer = counted
+
+
 def _pool_is_whole(server):
     """The tree's slots are all free again, and none is still held by a landed upload."""
     tree = server.strategy.tree.tree
@@ -103,10 +120,11 @@ def _pool_is_whole(server):
 def test_a_client_that_drops_mid_upload_leaves_no_partial_update_folded(mode):
     transport = GrpcTransport("127.0.0.1:0", chunk_size=1024)
     addr = f"127.0.0.1:{transport.port}"
-    sent = threading.Event()
+    sent, began = threading.Event(), threading.Event()
+    _on_receiving(transport, 4, began)  # the three honest uploads and mallory's
     threads = [threading.Thread(target=_serve, args=(addr, f"h{i}"), daemon=True)
                for i in range(3)]
-    threads.append(threading.Thread(target=_half_then_drop, args=(addr, "mallory", sent),
+    threads.append(threading.Thread(target=_half_then_drop, args=(addr, "mallory", sent, began),
                                     daemon=True))
     for t in threads:
         t.start()
@@ -121,7 +139,7 @@ def test_a_client_that_drops_mid_upload_leaves_no_partial_update_folded(mode):
     finally:
         transport.close()
         server.strategy.close()
-    assert sent.is_set()
+    assert sent.is_set() and began.is_set()
     assert rec.updates == 3 and [f["cid"] for f in rec.failures] == ["mallory"]
     why = rec.failures[0]["reason"]
     assert rec.failures[0]["kind"] == "lost" and ("of the announced" in why or "broke off" in why)
