@@ -96,6 +96,23 @@ def test_respects_min_runtime_and_wakes_when_it_ends():
     assert [p.job_id for p in d2.preempts] == [1]
 
 
+def test_wakes_when_the_soonest_victims_to_leave_their_guaranteed_runtime_would_do():
+    """Two protected victims, either enough alone: the one first in victim order (less
+    unsaved work) is protected for 500 s more, the other for 200 s. The job can preempt the
+    second after 200 s, so it asks to be woken then, not after 500 s."""
+    cl, st, pol = setup(nodes=2)
+    late = running(st, make_job(1, 4, prio=1), start=NOW - 100, preemptions=1,  # 600 s
+                   progress=10, checkpointed=0)
+    soon = running(st, make_job(2, 4, prio=1), start=NOW - 100, progress=90,  # 300 s
+                   checkpointed=0)
+    high = pending(make_job(3, 4, prio=5, submit=NOW))
+    d = pol.schedule(snapshot(pol, cl, st, [high], [late, soon]), NOW)
+    assert not d.preempts and d.wake_at == pytest.approx(NOW + 200)
+    assert f"until t={NOW + 200:.0f}s" in d.waiting[3]
+    d2 = pol.schedule(snapshot(pol, cl, st, [high], [late, soon]), d.wake_at)
+    assert [p.job_id for p in d2.preempts] == [2]
+
+
 def test_guaranteed_runtime_backs_off_with_each_preemption():
     cl, st, pol = setup()
     # Preempted twice: protected for 300 * 2**2 = 1200 s.

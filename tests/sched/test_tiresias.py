@@ -371,3 +371,49 @@ def test_a_replay_decides_as_the_reference_in_every_pass(seed):
     fast = replay()
     with _without_shortcuts():
         assert replay() == fast
+
+
+class _ReadsAll(Tiresias):
+    reads_arrivals = False  # told nothing of arrivals: every pass reads the whole queue
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_passes_after_arrivals_decide_as_passes_over_the_whole_queue(seed):
+    """After a pass that started and preempted nothing, a pass that follows arrivals alone
+    sets the waiting jobs aside and walks the new ones from where that pass left queue 0. A
+    busy replay (gangs, preemptions, promotions, a small search budget in half the seeds)
+    starts and preempts the same jobs at the same times as one whose every pass reads the
+    whole queue, and sets jobs aside in many of its passes."""
+    from plinth.sim.engine import simulate
+
+    rng = random.Random(seed)
+    cl = make_cluster(2, 4)
+    jobs = [Job(k, rng.uniform(0, 30_000), rng.choice([60.0, 900.0, 4_000.0, 20_000.0]),
+                rng.choice(_shapes[:6]), preemptible=rng.random() < 0.9) for k in range(200)]
+    options = dict(thresholds=(300, 3_000), starve_factor=2.0, starve_scan=5, scan_depth=8,
+                   preempt_depth=1 if seed % 2 else 8)
+
+    def replay(policy: Tiresias) -> tuple[list[tuple], int]:
+        inner, seen, aside = policy.schedule, [], []
+        arrivals = policy._arrivals
+
+        def recorded(snap: Snapshot, now: float) -> Decisions:
+            d = inner(snap, now)
+            seen.append((now, [(s.job_id, s.allocation) for s in d.starts],
+                         [p.job_id for p in d.preempts]))
+            return d
+
+        def counted(*args):  # type: ignore[no-untyped-def]
+            d = arrivals(*args)
+            aside.append(d is not None)
+            return d
+
+        policy.schedule = recorded  # type: ignore[method-assign]
+        policy._arrivals = counted  # type: ignore[method-assign]
+        simulate(jobs, cl, policy, SchedConfig(min_runtime=120.0))
+        return seen, sum(aside)
+
+    passes, set_aside = replay(Tiresias(**options))
+    reference, none = replay(_ReadsAll(**options))
+    assert passes == reference
+    assert none == 0 and set_aside >= (1 if seed % 2 else 50)

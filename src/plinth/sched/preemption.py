@@ -210,6 +210,15 @@ class PreemptionPlan:
         self._start(js, alloc, start_reason(victims))
         return None
 
+    def tries(self) -> tuple[int, dict[tuple[Request, object], str]]:
+        """The searches left and those failed so far, for `resume`."""
+        return self.tries_left, dict(self._failed)
+
+    def resume(self, tries: tuple[int, dict[tuple[Request, object], str]]) -> None:
+        """Go on from another plan's `tries`, on the state it had (nothing started or
+        preempted since)."""
+        self.tries_left, self._failed = tries[0], dict(tries[1])
+
     def lowest(self) -> float | None:
         """The least importance among running jobs not preempted in this pass, or None."""
         running, levels = self._ranking()
@@ -249,9 +258,10 @@ class PreemptionPlan:
                 ) -> tuple[list[JobState], Allocation | None, str]:
         """One scan for victims. Release, on a scratch copy, the candidates that may be
         preempted now, in order, until `req` fits: those are the victims (pruned). If it still
-        does not fit, go on with the candidates inside their guaranteed runtime: if it fits
-        then, waiting helps, so say until when and ask to be woken then (no other event may
-        come sooner). Non-preemptible jobs and jobs at the preemption cap never count.
+        does not fit, go on with the candidates inside their guaranteed runtime, the soonest
+        out of it first: if it fits then, waiting helps, so say from when (the first time
+        enough of them may be preempted) and ask to be woken then. Non-preemptible jobs and
+        jobs at the preemption cap never count.
 
         `plinth.sched.preemption.find_victims` does the first half alone; the second half,
         which tells a waiting job when its victims become preemptible, is what this adds.
@@ -263,16 +273,23 @@ class PreemptionPlan:
         need = req.gpu_milli_total - work.free_milli
         if not order or need > freed[-1]:
             return [], None, nothing  # the common case in a busy cluster: no copy needed
-        k = cands.counted_fit(req, work, cfg.placement, order, freed)
-        if k is None:
-            k = _first_fit(work, req, cfg.placement, cands.jobs, order, freed, need)
+        if n_eligible:
+            k = cands.first_fit(req, work, cfg.placement, order, freed, need)
+            if k == len(order):
+                return [], None, nothing
+            if k < n_eligible:
+                victims, _, alloc = prune_victims(
+                    work, req, [cands.jobs[i] for i in order[:k + 1]], cfg.placement)
+                return victims, alloc, ""
+        # Those that may be preempted now do not make room. Waiting helps if all of them and
+        # those protected for now would: it fits once enough of the protected ones, taken as
+        # their guaranteed runtimes end, have joined the first.
+        order = order[:n_eligible] + cands.by_until(order[n_eligible:])
+        freed = list(itertools.accumulate(cands.milli[i] for i in order))
+        k = cands.first_fit(req, work, cfg.placement, order, freed, need)
         if k == len(order):
             return [], None, nothing
-        if k < n_eligible:
-            victims, _, alloc = prune_victims(work, req, [cands.jobs[i] for i in order[:k + 1]],
-                                              cfg.placement)
-            return victims, alloc, ""
-        until = min(cands.until[i] for i in order[n_eligible:k + 1])
+        until = cands.until[order[k]]
         self.wake = until if self.wake is None else min(self.wake, until)
         return [], None, (f"a {self.whom} it needs is inside its guaranteed runtime "
                           f"until t={until:.0f}s")
@@ -304,7 +321,8 @@ class _Candidates:
     victim order (`victim_order`); with the GPU share each holds and until when its
     guaranteed runtime protects it. The others never make room and are only counted."""
 
-    __slots__ = ("freed", "jobs", "milli", "n_eligible", "order", "others", "shared", "until")
+    __slots__ = ("_by_until", "freed", "jobs", "milli", "n_eligible", "order", "others",
+                 "shared", "until")
 
     def __init__(self, jobs: list[JobState], levels: list[float], now: float,
                  cfg: SchedConfig) -> None:
@@ -334,6 +352,21 @@ class _Candidates:
         # Those holding GPU shares. The others hold whole GPUs, as many as they asked for
         # (`check_gang`, an invariant of the owner).
         self.shared = {i for i, req in enumerate(requests) if req.gpu_milli}
+        self._by_until: list[int] | None = None
+
+    def first_fit(self, req: Request, work: ClusterState, pcfg: PlacementConfig,
+                  order: list[int], freed: list[int], need: int) -> int:
+        """`_first_fit` of these candidates in `order`, counted where that is exact."""
+        k = self.counted_fit(req, work, pcfg, order, freed)
+        return _first_fit(work, req, pcfg, self.jobs, order, freed, need) if k is None else k
+
+    def by_until(self, protected: list[int]) -> list[int]:
+        """`protected` (candidates inside their guaranteed runtime) by when it ends."""
+        if len(protected) == len(self.jobs) - self.n_eligible:  # all of them: sorted once
+            if self._by_until is None:
+                self._by_until = sorted(protected, key=self.until.__getitem__)
+            return self._by_until
+        return sorted(protected, key=self.until.__getitem__)
 
     def counted_fit(self, req: Request, work: ClusterState, pcfg: PlacementConfig,
                     order: list[int], freed: list[int]) -> int | None:
