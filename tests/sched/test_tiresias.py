@@ -417,3 +417,65 @@ def test_passes_after_arrivals_decide_as_passes_over_the_whole_queue(seed):
     reference, none = replay(_ReadsAll(**options))
     assert passes == reference
     assert none == 0 and set_aside >= (1 if seed % 2 else 50)
+
+
+def test_passes_after_arrivals_alone_decide_as_whole_passes():
+    """Random worlds (`_random_world`, scan depths of 2, 5 and 100): a pass that starts and
+    preempts nothing, then one to
+    three new jobs queued a second later and nothing else changed. Wherever the pass after
+    them sets the waiting jobs aside, it starts and preempts what a whole pass on the same
+    snapshot does, and leaves the owner the same earliest wake-up (the first pass's counted
+    for both, as the owner keeps it)."""
+    import dataclasses
+
+    aside = 0
+    for seed in range(3000):
+        pol, snap = _random_world(seed)
+        pol.scan_depth = (2, 5, 100)[seed % 3]  # (where the walk breaks off matters too)
+        first = pol.schedule(snap, NOW)
+        if first.starts or first.preempts:
+            continue  # (nothing carried: the next pass is a whole one)
+        rng = random.Random(seed)
+        new = [pending(Job(500 + k, NOW + 1, 86_400.0, rng.choice(_shapes[:6])))
+               for k in range(rng.randint(1, 3))]
+        snap.pending.extend(new)  # type: ignore[attr-defined]
+        snap.pending.sort(key=pol.order)  # type: ignore[attr-defined]
+        later = dataclasses.replace(snap, arrived=new)
+        carried = pol._carry
+        d = pol.schedule(later, NOW + 1)
+        if pol._carry is None or carried is None:
+            continue  # (not set aside)
+        kept = pol._carry
+        whole = pol.schedule(dataclasses.replace(later, arrived=None), NOW + 1)
+        pol._carry = kept
+        aside += 1
+        assert _decisions(d)[:2] == _decisions(whole)[:2]
+
+        def earliest(t: float | None) -> float | None:
+            return min((x for x in (first.wake_at, t) if x is not None), default=None)
+        assert earliest(d.wake_at) == earliest(whole.wake_at)
+    assert aside >= 400
+
+
+def test_a_new_job_beyond_the_scan_depth_is_not_read_in_a_pass_after_arrivals():
+    """Two 4-GPU jobs wait in queue 0 with a scan depth of 1; a one-GPU job arrives, which
+    could have a protected victim 250 s from now. A whole pass stops before it, so the pass
+    that sets the waiting jobs aside must too: it asks for no wake-up of its own (the first
+    pass's, the victim's demotion, stands)."""
+    import dataclasses
+
+    cl, st, pol = setup(nodes=1, gpus=4, thresholds=(500, 5_000), scan_depth=1)
+    pinned = running(st, make_job(1, 3, preemptible=False), start=NOW - 100)
+    victim = running(st, make_job(2, 1), attained=600, start=NOW - 50)
+    big = [pending(make_job(jid, 4, submit=NOW - 60 + jid)) for jid in (3, 4)]
+    snap = snapshot(pol, cl, st, big, [pinned, victim])
+    first = pol.schedule(snap, NOW)
+    assert not first.starts and first.wake_at == pytest.approx(NOW + 4_400)
+    victim.attained += 1  # (as the owner brings it up to date a second later)
+    new = pending(make_job(5, 1, submit=NOW + 1))
+    snap.pending.append(new)  # type: ignore[attr-defined]
+    later = dataclasses.replace(snap, arrived=[new])
+    set_aside = pol._arrivals(later, NOW + 1, pol._carry)
+    whole = pol.schedule(dataclasses.replace(later, arrived=None), NOW + 1)
+    assert set_aside is not None and not set_aside.waiting and set_aside.wake_at is None
+    assert 5 not in whole.waiting and whole.wake_at == first.wake_at
