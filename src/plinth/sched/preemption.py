@@ -284,8 +284,7 @@ class PreemptionPlan:
         # Those that may be preempted now do not make room. Waiting helps if all of them and
         # those protected for now would: it fits once enough of the protected ones, taken as
         # their guaranteed runtimes end, have joined the first.
-        order = order[:n_eligible] + cands.by_until(order[n_eligible:])
-        freed = list(itertools.accumulate(cands.milli[i] for i in order))
+        order, freed = cands.by_until(order, n_eligible)
         k = cands.first_fit(req, work, cfg.placement, order, freed, need)
         if k == len(order):
             return [], None, nothing
@@ -352,7 +351,7 @@ class _Candidates:
         # Those holding GPU shares. The others hold whole GPUs, as many as they asked for
         # (`check_gang`, an invariant of the owner).
         self.shared = {i for i, req in enumerate(requests) if req.gpu_milli}
-        self._by_until: list[int] | None = None
+        self._by_until: tuple[list[int], list[int]] | None = None
 
     def first_fit(self, req: Request, work: ClusterState, pcfg: PlacementConfig,
                   order: list[int], freed: list[int], need: int) -> int:
@@ -360,13 +359,18 @@ class _Candidates:
         k = self.counted_fit(req, work, pcfg, order, freed)
         return _first_fit(work, req, pcfg, self.jobs, order, freed, need) if k is None else k
 
-    def by_until(self, protected: list[int]) -> list[int]:
-        """`protected` (candidates inside their guaranteed runtime) by when it ends."""
-        if len(protected) == len(self.jobs) - self.n_eligible:  # all of them: sorted once
-            if self._by_until is None:
-                self._by_until = sorted(protected, key=self.until.__getitem__)
+    def by_until(self, order: list[int], n_eligible: int) -> tuple[list[int], list[int]]:
+        """`order` (a scan: see `scan`) with its protected candidates, those after the first
+        `n_eligible`, by when their guaranteed runtime ends; and the GPU share each prefix
+        frees. Kept for the scan with no victims yet, which most searches of a pass share."""
+        if order is self.order and self._by_until is not None:
             return self._by_until
-        return sorted(protected, key=self.until.__getitem__)
+        until = self.until
+        by = order[:n_eligible] + sorted(order[n_eligible:], key=until.__getitem__)
+        scan = by, list(itertools.accumulate(self.milli[i] for i in by))
+        if order is self.order:
+            self._by_until = scan
+        return scan
 
     def counted_fit(self, req: Request, work: ClusterState, pcfg: PlacementConfig,
                     order: list[int], freed: list[int]) -> int | None:
