@@ -152,8 +152,7 @@ class Tiresias(Policy):
 
         running, run_q, top_run_q = _queues_of(snap, self._thr)
         plan = self._plan(snap, now, d, running, run_q)
-        best_waiting, tail, end = self._walk(plan, entries, _Tail.first(plan), top_run_q,
-                                             promoted)
+        best_waiting, tail = self._walk(plan, entries, _Tail.first(plan), top_run_q, promoted)
 
         # The next limit to come is of a job that still waits. Of the jobs started, only
         # those of a lower queue that were not promoted can be among those still to come.
@@ -165,7 +164,7 @@ class Tiresias(Policy):
                                  next_promotion)
         if not d.starts and not d.preempts and plan.tries_left > 0:
             # (a pass that ran out of searches deferred some to the next: not set aside)
-            self._carry = _Carry(snap, tail if tail is not None else end, best_waiting)
+            self._carry = _Carry(snap, tail, best_waiting)
         return d
 
     def _arrivals(self, snap: Snapshot, now: float, carry: _Carry) -> Decisions | None:
@@ -173,13 +172,13 @@ class Tiresias(Policy):
         and preempted nothing: as Kueue sets inadmissible workloads aside, the jobs that
         waited are not read again (nothing was freed, and no time they wait for has come).
         The new jobs, all at the end of queue 0, are walked from where that pass's walk left
-        queue 0 (`_Tail`). None where a full pass is needed: a new job with service already
-        or not last in queue 0, or one that starts or preempts (its victims may free more
-        than it needs)."""
+        queue 0 (`_Tail`). None where a full pass is needed: a new job not last in queue 0
+        (one with service already), or one that starts or preempts (its victims may free
+        more than it needs)."""
         new = sorted(snap.arrived or (), key=self.order)
         pending = snap.pending
         end0 = self._first_of_queue(pending, 1)
-        if not new or any(js.attained for js in new) or not all(
+        if not new or not all(
                 a is b for a, b in zip(_walk(pending, end0 - len(new), end0), new)):
             return None
         d = Decisions()
@@ -188,14 +187,14 @@ class Tiresias(Policy):
             return d
         running, run_q, top_run_q = _queues_of(snap, self._thr)
         plan = self._plan(snap, now, d, running, run_q)
-        best, _, end = self._walk(plan, ((0, js) for js in new), carry.tail, top_run_q, {})
+        best, tail = self._walk(plan, ((0, js) for js in new), carry.tail, top_run_q, {})
         if d.starts or d.preempts or plan.tries_left <= 0:
             return None
         demotion = None
         if best is not None and (carry.best is None or best < carry.best):
             carry.best = best  # the demotions that matter now reach higher queues
             demotion = self._next_demotion(plan, running, run_q, best)
-        carry.tail = end
+        carry.tail = tail
         self._carry = carry
         d.wake_at = plan.wake_at(demotion)
         return d
@@ -209,17 +208,17 @@ class Tiresias(Policy):
 
     def _walk(self, plan: PreemptionPlan, entries: Iterable[tuple[int, JobState]],
               at: _Tail, top_run_q: int, promoted: dict[int, int]
-              ) -> tuple[int | None, _Tail | None, _Tail | None]:
+              ) -> tuple[int | None, _Tail | None]:
         """Start, preempt for or leave waiting each (queue, job) of `entries`, in order, from
-        the walk's state `at`. Returns the least queue of a job left waiting, the state as the
-        walk left queue 0 (None if it did not), and its state at the end (None if it broke
-        off: the jobs behind are not read)."""
+        the walk's state `at`. Returns the least queue of a job left waiting, and the state a
+        job queued at the end of queue 0 would meet: the walk's as it left queue 0, or at its
+        end if it never did (None if it broke off inside queue 0: no job there is read)."""
         d, now, factor, depth = plan.d, plan.now, self.starve_factor, self.scan_depth
         plan.resume(at.tries)
         examined, first_waiting = at.examined, at.first_waiting
         # The least queue of a job left waiting: the first one's, as the pass walks the queues
         # in order.
-        best_waiting = at.best_waiting
+        best_waiting: int | None = None
         # Whole-GPU gangs with no other demand fail monotonically: if n workers of g GPUs
         # cannot start or preempt at queue q, neither can more workers at queue q or below.
         # floors[g] = (fewest workers that failed, its reason); reset by any preemption,
@@ -229,15 +228,15 @@ class Tiresias(Policy):
         tail: _Tail | None = None
         for q, js in entries:
             if q and tail is None:  # leaving queue 0: where a job queued at its end would be
-                tail = _Tail(examined, first_waiting, best_waiting, floors, plan)
+                tail = _Tail(examined, first_waiting, floors, plan)
             if first_waiting is not None:
                 examined += 1
                 if examined > depth:  # as Slurm's bf_max_job_test: bound the pass
-                    return best_waiting, tail, None
+                    return best_waiting, tail
                 if (plan.work.free_milli == 0 and js.job.request.gpu_milli_total
                         and (q >= top_run_q or plan.tries_left <= 0)):
                     # no GPU free and no more preemption: nothing behind can start
-                    return best_waiting, tail, None
+                    return best_waiting, tail
             req = js.job.request
             if len(d.preempts) != preempts_seen:
                 floors.clear()
@@ -250,7 +249,7 @@ class Tiresias(Policy):
                         plan.work.free_milli == 1000 * int(
                             np.add.reduce(plan.work.free_whole_by_model)):  # (no wrapper)
                     # not even one whole GPU to be had, and no partly free GPU either
-                    return best_waiting, tail, None
+                    return best_waiting, tail
                 if floor is not None and req.workers >= floor[0]:
                     # A smaller gang of the same shape, as high or higher in the queues,
                     # could neither start nor preempt: neither can this one.
@@ -289,7 +288,7 @@ class Tiresias(Policy):
                 d.waiting[js.id] = why
             if plain and len(d.preempts) == preempts_seen:
                 floors[req.gpus] = (req.workers, why)
-        return best_waiting, tail, _Tail(examined, first_waiting, best_waiting, floors, plan)
+        return best_waiting, tail or _Tail(examined, first_waiting, floors, plan)
 
     def _next_demotion(self, plan: PreemptionPlan, running: list[JobState], run_q: np.ndarray,
                        best_waiting: int | None) -> float | None:
@@ -420,21 +419,19 @@ class _Oldest:
 
 class _Tail:
     """Where a pass's walk stood: jobs examined past the first that waits, that job, the
-    least queue of a job left waiting, the gang floors and the plan's preemption searches
-    (`PreemptionPlan.tries`). Taken as the walk leaves queue 0, it is the state a job queued
-    at the end of queue 0 would meet."""
+    gang floors and the plan's preemption searches (`PreemptionPlan.tries`). Taken as the
+    walk leaves queue 0, it is the state a job queued at the end of queue 0 would meet."""
 
-    __slots__ = ("best_waiting", "examined", "first_waiting", "floors", "tries")
+    __slots__ = ("examined", "first_waiting", "floors", "tries")
 
-    def __init__(self, examined: int, first_waiting: int | None, best_waiting: int | None,
+    def __init__(self, examined: int, first_waiting: int | None,
                  floors: dict[int, tuple[int, str]], plan: PreemptionPlan) -> None:
-        self.examined, self.first_waiting, self.best_waiting = examined, first_waiting, \
-            best_waiting
+        self.examined, self.first_waiting = examined, first_waiting
         self.floors, self.tries = dict(floors), plan.tries()
 
     @classmethod
     def first(cls, plan: PreemptionPlan) -> _Tail:
-        return cls(0, None, None, {}, plan)
+        return cls(0, None, {}, plan)
 
 
 class _Carry:
