@@ -119,14 +119,39 @@ class ClusterState:
         """Whether `alloc` can be allocated now. The control plane asks before it starts a job
         on GPUs that a preempted job may still be releasing."""
         slots = alloc.slots
+        c, m = req.cpus_milli, req.memory_mib
+        fm = self.gpu_free_milli
         if len(slots) == 1:  # the common case, read directly: one node, distinct GPUs
-            s, n = slots[0], slots[0].node
-            if (self.node_free_cpu.item(n) < req.cpus_milli
-                    or self.node_free_mem.item(n) < req.memory_mib):
+            s = slots[0]
+            n = s.node
+            if (c or m) and (self.node_free_cpu.item(n) < c or self.node_free_mem.item(n) < m):
                 return False
-            fm, fmem, milli, gmem = self.gpu_free_milli, self.gpu_free_mem, s.milli, \
-                s.gpu_memory_mib
-            return all(fm.item(g) >= milli and fmem.item(g) >= gmem for g in s.gpus)
+            milli, gmem = s.milli, s.gpu_memory_mib
+            if gmem:
+                fmem = self.gpu_free_mem
+                for g in s.gpus:
+                    if fm.item(g) < milli or fmem.item(g) < gmem:
+                        return False
+                return True
+            for g in s.gpus:
+                if fm.item(g) < milli:
+                    return False
+            return True
+        if not c and not m:
+            # A gang of whole GPUs asking nothing else (Philly's, one slot a GPU): each GPU
+            # must be wholly free and asked for once.
+            gpus: list[int] = []
+            for s in slots:
+                if s.milli != MILLI or s.gpu_memory_mib:
+                    break
+                gpus += s.gpus
+            else:
+                if len(set(gpus)) != len(gpus):
+                    return False
+                for g in gpus:
+                    if fm.item(g) != MILLI:
+                        return False
+                return True
         # Several slots: workers per node, and what each GPU is asked for in all (the slots
         # of a gang of fractions may share a GPU). Free GPU memory is never negative, so GPUs
         # asked for no memory need no memory check.
@@ -141,9 +166,7 @@ class ClusterState:
                 milli[g] = milli.get(g, 0) + sm
                 if sg:
                     gmem[g] = gmem.get(g, 0) + sg
-        c, m = req.cpus_milli, req.memory_mib
-        ncpu, nmem, fm, fmem = (self.node_free_cpu, self.node_free_mem, self.gpu_free_milli,
-                                self.gpu_free_mem)
+        ncpu, nmem, fmem = self.node_free_cpu, self.node_free_mem, self.gpu_free_mem
         return (all(ncpu.item(n) >= k * c and nmem.item(n) >= k * m for n, k in workers.items())
                 and all(fm.item(g) >= v for g, v in milli.items())
                 and all(fmem.item(g) >= v for g, v in gmem.items()))
@@ -158,11 +181,13 @@ class ClusterState:
     def _apply(self, alloc: Allocation, req: Request, sign: int) -> None:
         # Hot path (every start, stop and victim search): plain ints and locals, each array
         # element read with `.item` and written back as a Python int (numpy scalar arithmetic
-        # costs several times more), and the bucket index moved slot by slot, in slot order.
+        # costs several times more), and the bucket index moved once per run of slots on one
+        # node (a gang's one-GPU workers are one slot each, mostly on the same nodes).
         fm, fmem = self.gpu_free_milli, self.gpu_free_mem
         ncpu, nmem = self.node_free_cpu, self.node_free_mem
         cpu, mem = sign * req.cpus_milli, sign * req.memory_mib
         used = 0
+        moving, moved = -1, 0  # the node whose whole-GPU count changes, and by how much
         for slot in alloc.slots:
             n = slot.node
             if cpu:
@@ -193,7 +218,13 @@ class ClusterState:
                 elif new == MILLI:
                     whole += 1
             if whole:
-                self._move_bucket(n, whole)
+                if n != moving:
+                    if moved:
+                        self._move_bucket(moving, moved)
+                    moving, moved = n, 0
+                moved += whole
+        if moved:
+            self._move_bucket(moving, moved)
         self.used_milli -= used
 
     def _move_bucket(self, n: int, delta: int) -> None:
