@@ -273,14 +273,15 @@ class PreemptionPlan:
         need = req.gpu_milli_total - work.free_milli
         if not order or need > freed[-1]:
             return [], None, nothing  # the common case in a busy cluster: no copy needed
-        if n_eligible:
-            k = cands.first_fit(req, work, cfg.placement, order, freed, need)
-            if k == len(order):
-                return [], None, nothing
+        if n_eligible and need <= freed[n_eligible - 1]:  # (else they free too little share)
+            k = cands.first_fit(req, work, cfg.placement, order[:n_eligible],
+                                freed[:n_eligible], need)
             if k < n_eligible:
                 victims, _, alloc = prune_victims(
                     work, req, [cands.jobs[i] for i in order[:k + 1]], cfg.placement)
                 return victims, alloc, ""
+        if n_eligible == len(order):
+            return [], None, nothing
         # Those that may be preempted now do not make room. Waiting helps if all of them and
         # those protected for now would: it fits once enough of the protected ones, taken as
         # their guaranteed runtimes end, have joined the first.
