@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
-from pathlib import Path
 
 from plinth.core.spec import load_cluster
 from plinth.core.throughput import DEFAULT_THROUGHPUTS, Throughputs
@@ -26,31 +24,24 @@ from plinth.sim import report
 from plinth.sim.engine import SimResult, simulate
 from plinth.sim.metrics import run_settings, summarize
 from plinth.sim.run import parse_rounds, sched_config
-from plinth.sim.traces import load_trace
 
-ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_TRACE = ROOT.parent / "shared/data/traces/philly/philly.csv"
+from philly_common import add_replay_args, philly
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--trace", default=str(DEFAULT_TRACE))
-    ap.add_argument("--cluster", default="32x8xV100")
-    ap.add_argument("--policies", default="fifo,sjf,priority,drf,tiresias,gavel,themis")
-    ap.add_argument("--window", default=None)
+    add_replay_args(ap, "fifo,sjf,priority,drf,tiresias,gavel,themis")
     ap.add_argument("--rounds", default="360", help="round length (s) for gavel and themis, "
                     "or 'off' (reallocate at every event)")
     ap.add_argument("--throughputs", default=None, help="Gavel JSON or CSV throughput matrix")
     ap.add_argument("--json", dest="json_path")
     ap.add_argument("--plots", default=None, help="folder for the JCT CDF and utilisation plots")
     args = ap.parse_args()
-    if not Path(args.trace).exists():
-        sys.exit(f"{args.trace}: no such file (pass --trace PATH to the Philly CSV)")
     cluster = load_cluster(args.cluster)
     thr = Throughputs.load(args.throughputs) if args.throughputs else DEFAULT_THROUGHPUTS
     cfg = sched_config(round_s=parse_rounds(args.rounds), throughputs=thr)
     t = time.perf_counter()
-    trace = load_trace(args.trace, "philly", window=args.window)
+    trace = philly(args.trace, args.window)
     load_s = time.perf_counter() - t
     console = report.console()
     console.print(f"{len(trace.jobs):,} jobs loaded in {load_s:.1f} s; cluster {cluster.describe()}")

@@ -15,32 +15,24 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
-from pathlib import Path
 
 from rich.table import Table
 
-from plinth.core.spec import load_cluster
 from plinth.sched.owner import Owner
 from plinth.sched.policies import make_policy
 from plinth.sim import report
 from plinth.sim.engine import simulate
 from plinth.sim.run import sched_config
-from plinth.sim.traces import load_trace
 
-DEFAULT_TRACE = Path(__file__).resolve().parents[2] / "shared/data/traces/philly/philly.csv"
+from philly_common import add_replay_args, replay_inputs
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--trace", default=str(DEFAULT_TRACE))
-    ap.add_argument("--cluster", default="32x8xV100")
-    ap.add_argument("--policies", default="tiresias,drf")
-    ap.add_argument("--window", default=None)
+    add_replay_args(ap, "tiresias,drf")
     args = ap.parse_args()
-    if not Path(args.trace).exists():
-        sys.exit(f"{args.trace}: no such file (pass --trace PATH to the Philly CSV)")
-    cluster = load_cluster(args.cluster)
-    jobs = load_trace(args.trace, "philly", window=args.window).jobs
+    cluster, trace = replay_inputs(args)
+    jobs = trace.jobs
     rows = [_check(jobs, cluster, name) for name in args.policies.split(",")]
     table = Table(title=f"Set-aside passes against whole passes, {len(jobs):,} jobs, "
                         f"{cluster.describe()}")

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
@@ -24,10 +23,8 @@ from plinth.sched.policies import make_policy
 from plinth.sim import report
 from plinth.sim.engine import simulate
 from plinth.sim.run import sched_config
-from plinth.sim.traces import load_trace
 
-ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_TRACE = ROOT.parent / "shared/data/traces/philly/philly.csv"
+from philly_common import DEFAULT_TRACE, philly
 
 
 def main() -> None:
@@ -38,9 +35,7 @@ def main() -> None:
     ap.add_argument("--sizes", default="10000,20000,40000,0")
     ap.add_argument("--json", dest="json_path")
     args = ap.parse_args()
-    if not Path(args.trace).exists():
-        sys.exit(f"{args.trace}: no such file (pass --trace PATH to the Philly CSV)")
-    jobs = load_trace(args.trace, "philly").jobs
+    jobs = philly(args.trace).jobs
     console = report.console()
     rows = []
     for policy in args.policies.split(","):
