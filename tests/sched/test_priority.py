@@ -327,7 +327,8 @@ def test_expected_ends_are_the_scalar_formula():
 
 
 def test_victims_below_a_bound_come_in_victim_order():
-    from plinth.sched.preemption import PreemptionPlan, can_preempt, victim_order
+    from plinth.sched.preemption import (PreemptionPlan, can_preempt, guaranteed_runtime,
+                                         victim_order)
 
     rng = random.Random(3)
     cl, state, policy = setup(nodes=4, gpus=8)
@@ -343,8 +344,13 @@ def test_victims_below_a_bound_come_in_victim_order():
                           importance=lambda jobs: [js.job.priority for js in jobs],
                           whom="job")
     key = victim_order(lambda js: js.job.priority)
-    for bound in range(6):  # those that may be preempted now first, then the protected ones
-        want = sorted((js for js in run if js.job.priority < bound),
-                      key=lambda js: (not can_preempt(js, NOW, snap.config), key(js)))
+    cfg = snap.config
+    for bound in range(6):
+        # Those that may be preempted now first, in victim order; then the protected ones by
+        # when their guaranteed runtime ends (ties in the order they run in).
+        below = [js for js in run if js.job.priority < bound]
+        want = sorted((js for js in below if can_preempt(js, NOW, cfg)), key=key) + sorted(
+            (js for js in below if not can_preempt(js, NOW, cfg)),
+            key=lambda js: js.start_time + guaranteed_runtime(js, cfg))
         assert plan._candidates(bound).jobs == want
     assert plan.lowest() == min(js.job.priority for js in run)

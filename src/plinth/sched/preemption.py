@@ -12,6 +12,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import math
+import operator
 from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
@@ -284,8 +285,7 @@ class PreemptionPlan:
             return [], None, nothing
         # Those that may be preempted now do not make room. Waiting helps if all of them and
         # those protected for now would: it fits once enough of the protected ones, taken as
-        # their guaranteed runtimes end, have joined the first.
-        order, freed = cands.by_until(order, n_eligible)
+        # their guaranteed runtimes end (the order a scan has them in), have joined the first.
         k = cands.first_fit(req, work, cfg.placement, order, freed, need)
         if k == len(order):
             return [], None, nothing
@@ -317,61 +317,53 @@ class _Candidates:
     """Running jobs a plan may preempt for one bound, read once per pass (`now` and the
     config are fixed for a pass). Only jobs that may ever be preempted (preemptible, under
     the preemption cap) are kept, in the order a search releases them: those that may be
-    preempted now (`can_preempt`) first, then those inside their guaranteed runtime, each in
-    victim order (`victim_order`); with the GPU share each holds and until when its
-    guaranteed runtime protects it. The others never make room and are only counted."""
+    preempted now (`can_preempt`) first, in victim order (`victim_order`), then those inside
+    their guaranteed runtime, the soonest out of it first; with the GPU share each holds and
+    until when its guaranteed runtime protects it. The others never make room and are only
+    counted."""
 
-    __slots__ = ("_by_until", "freed", "jobs", "milli", "n_eligible", "order", "others",
-                 "shared", "until")
+    __slots__ = ("freed", "jobs", "milli", "n_eligible", "order", "others", "shared", "until")
 
     def __init__(self, jobs: list[JobState], levels: list[float], now: float,
                  cfg: SchedConfig) -> None:
         cap = cfg.max_preemptions
         guaranteed = [guaranteed_runtime_for(k, cfg) for k in range(max(cap, 0))]
-        rows = []
+        eligible, protected = [], []
         for js, level in zip(jobs, levels):
             k = js.preemptions
             if k < cap and js.job.preemptible:  # (most running jobs are at the cap)
-                ckpt = js.checkpoint_time
                 started = now if js.start_time is None else js.start_time
                 g = guaranteed[k]
-                # Protected last, then `_victim_key`; ids are unique, so nothing after them
-                # is compared.
-                rows.append((now - started < g, level, js.progress - js.checkpointed,
-                             math.inf if ckpt is None else -ckpt, js.id, js, started + g))
-        rows.sort()
-        self.others = len(jobs) - len(rows)
-        self.jobs = [r[5] for r in rows]
-        self.until = [r[6] for r in rows]
+                if now - started < g:
+                    protected.append((started + g, js))
+                    continue
+                # `_victim_key`; ids are unique, so nothing after them is compared.
+                ckpt = js.checkpoint_time
+                eligible.append((level, js.progress - js.checkpointed,
+                                 math.inf if ckpt is None else -ckpt, js.id, js, started + g))
+        eligible.sort()
+        # The protected ones only ever join a scan by when they may be preempted: a search
+        # asks only from when waiting would help, the same whichever order jobs with the
+        # same end of guaranteed runtime come in (releasing more never makes room scarcer).
+        protected.sort(key=operator.itemgetter(0))
+        self.others = len(jobs) - len(eligible) - len(protected)
+        self.jobs = [r[4] for r in eligible] + [js for _, js in protected]
+        self.until = [r[5] for r in eligible] + [t for t, _ in protected]
         requests = [js.job.request for js in self.jobs]
-        self.n_eligible = bisect.bisect_left(rows, (True,))  # the first protected one
+        self.n_eligible = len(eligible)
         self.milli = [req.gpu_milli_total for req in requests]
         # The scan with no victims yet: every candidate, and the GPU share each prefix frees.
-        self.order = list(range(len(rows)))
+        self.order = list(range(len(self.jobs)))
         self.freed = list(itertools.accumulate(self.milli))
         # Those holding GPU shares. The others hold whole GPUs, as many as they asked for
         # (`check_gang`, an invariant of the owner).
         self.shared = {i for i, req in enumerate(requests) if req.gpu_milli}
-        self._by_until: tuple[list[int], list[int]] | None = None
 
     def first_fit(self, req: Request, work: ClusterState, pcfg: PlacementConfig,
                   order: list[int], freed: list[int], need: int) -> int:
         """`_first_fit` of these candidates in `order`, counted where that is exact."""
         k = self.counted_fit(req, work, pcfg, order, freed)
         return _first_fit(work, req, pcfg, self.jobs, order, freed, need) if k is None else k
-
-    def by_until(self, order: list[int], n_eligible: int) -> tuple[list[int], list[int]]:
-        """`order` (a scan: see `scan`) with its protected candidates, those after the first
-        `n_eligible`, by when their guaranteed runtime ends; and the GPU share each prefix
-        frees. Kept for the scan with no victims yet, which most searches of a pass share."""
-        if order is self.order and self._by_until is not None:
-            return self._by_until
-        until = self.until
-        by = order[:n_eligible] + sorted(order[n_eligible:], key=until.__getitem__)
-        scan = by, list(itertools.accumulate(self.milli[i] for i in by))
-        if order is self.order:
-            self._by_until = scan
-        return scan
 
     def counted_fit(self, req: Request, work: ClusterState, pcfg: PlacementConfig,
                     order: list[int], freed: list[int]) -> int | None:

@@ -310,10 +310,12 @@ class Tiresias(Policy):
         near = ((run_q >= best_waiting) & (run_q < last)).nonzero()[0]
         for i, q in zip(near.tolist(), run_q[near].tolist()):
             js = running[i]
+            if js.preemptions >= cap:  # (most running jobs are at the cap)
+                continue
             gpus = gpus_of.get(js)
             if gpus is None:
                 gpus = gpus_of[js] = js.job.request.num_gpus if js.job.preemptible else 0.0
-            if gpus > 0 and js.preemptions < cap and js.id not in victims:
+            if gpus > 0 and js.id not in victims:
                 t = (thr[q] - js.attained) / gpus
                 if t < soonest:
                     soonest = t
