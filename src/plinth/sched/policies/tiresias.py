@@ -64,6 +64,7 @@ import numpy as np
 from sortedcontainers import SortedKeyList
 
 from plinth.core.errors import SpecError
+from plinth.core.resources import MILLI
 from plinth.sched.pending import ChangeCount
 from plinth.sched.policies.base import Policy
 from plinth.sched.preemption import MIN_WAKE, PreemptionPlan
@@ -214,6 +215,7 @@ class Tiresias(Policy):
         job queued at the end of queue 0 would meet: the walk's as it left queue 0, or at its
         end if it never did (None if it broke off inside queue 0: no job there is read)."""
         d, now, factor, depth = plan.d, plan.now, self.starve_factor, self.scan_depth
+        work = plan.work  # (the plan's scratch state: changed in place by starts and victims)
         plan.resume(at.tries)
         examined, first_waiting = at.examined, at.first_waiting
         # The least queue of a job left waiting: the first one's, as the pass walks the queues
@@ -233,7 +235,7 @@ class Tiresias(Policy):
                 examined += 1
                 if examined > depth:  # as Slurm's bf_max_job_test: bound the pass
                     return best_waiting, tail
-                if (plan.work.free_milli == 0 and js.job.request.gpu_milli_total
+                if (work.free_milli == 0 and js.job.request.gpu_milli_total
                         and (q >= top_run_q or plan.tries_left <= 0)):
                     # no GPU free and no more preemption: nothing behind can start
                     return best_waiting, tail
@@ -246,8 +248,7 @@ class Tiresias(Policy):
             if plain:
                 floor = floors.get(req.gpus)
                 if floor is not None and floor[0] == 1 and req.gpus == 1 and \
-                        plan.work.free_milli == 1000 * int(
-                            np.add.reduce(plan.work.free_whole_by_model)):  # (no wrapper)
+                        work.free_milli == MILLI * work.whole_free_gpus():
                     # not even one whole GPU to be had, and no partly free GPU either
                     return best_waiting, tail
                 if floor is not None and req.workers >= floor[0]:
