@@ -338,12 +338,13 @@ class Tiresias(Policy):
         """(effective queue, job) in pass order: queue 0 with the promoted jobs merged in by
         (submit time, id), then each lower queue without them. The queue index comes from
         the segment a job is in, not from its attained service (the same, by the order)."""
-        li = 0
+        li, n = 0, len(lifted)
         for js in _walk(pending, 0, bounds[1]):
-            key = (js.job.submit_time, js.id)
-            while li < len(lifted) and lifted[li][:2] < key:
-                yield 0, lifted[li][2]
-                li += 1
+            if li < n:  # (once every promoted job is out, no key is made)
+                key = (js.job.submit_time, js.id)
+                while li < n and lifted[li][:2] < key:
+                    yield 0, lifted[li][2]
+                    li += 1
             yield 0, js
         for _, _, js in lifted[li:]:
             yield 0, js
