@@ -7,8 +7,6 @@ import argparse
 import sys
 from pathlib import Path
 
-from plinth.core.resources import Cluster
-from plinth.core.spec import load_cluster
 from plinth.sim.traces import Trace, load_trace
 
 DEFAULT_TRACE = Path(__file__).resolve().parents[2] / "shared/data/traces/philly/philly.csv"
@@ -27,9 +25,3 @@ def philly(trace: str, window: str | None = None) -> Trace:
     if not Path(trace).exists():
         sys.exit(f"{trace}: no such file (pass --trace PATH to the Philly CSV)")
     return load_trace(trace, "philly", window=window)
-
-
-def replay_inputs(args: argparse.Namespace) -> tuple[Cluster, Trace]:
-    """The cluster and the trace that `add_replay_args`'s options name."""
-    trace = philly(args.trace, args.window)
-    return load_cluster(args.cluster), trace

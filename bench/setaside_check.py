@@ -18,21 +18,21 @@ import sys
 
 from rich.table import Table
 
+from plinth.core.spec import load_cluster
 from plinth.sched.owner import Owner
 from plinth.sched.policies import make_policy
 from plinth.sim import report
 from plinth.sim.engine import simulate
 from plinth.sim.run import sched_config
 
-from philly_common import add_replay_args, replay_inputs
+from philly_common import add_replay_args, philly
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_replay_args(ap, "tiresias,drf")
     args = ap.parse_args()
-    cluster, trace = replay_inputs(args)
-    jobs = trace.jobs
+    cluster, jobs = load_cluster(args.cluster), philly(args.trace, args.window).jobs
     rows = [_check(jobs, cluster, name) for name in args.policies.split(",")]
     table = Table(title=f"Set-aside passes against whole passes, {len(jobs):,} jobs, "
                         f"{cluster.describe()}")
