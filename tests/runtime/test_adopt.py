@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import textwrap
+from pathlib import Path
 
 import psutil
 from conftest import JOB, PY, REPO, sh, spec, wait_events, wait_for
@@ -196,21 +197,44 @@ def test_find_gives_an_unrecorded_launch_and_kills_a_half_started_gang(make_rt, 
     second = make_rt(fake_gpus="2xA100")
     found = second.find(JOB, 1, 2)
     assert found == h
-    # As a control plane killed between the two forks leaves the journal: rank 0 only.
+    # A control plane killed between a fork and its journal write leaves the journal without
+    # the worker it had just forked: that worker is found by its running shim, not run twice.
     journal = tmp_path / "home" / "launched" / f"j{JOB}-a1.json"
     whole = json.loads(journal.read_text())
     journal.write_text(json.dumps({**whole, "procs": whole["procs"][:1]}))
+    found = second.find(JOB, 1, 2)
+    assert found is not None
+    assert [(r.pid, r.start_ticks, r.exit_file) for r in found.procs] == \
+        [(r.pid, r.start_ticks, r.exit_file) for r in h.procs]
+    # Killed between the two forks: rank 1 never ran (no shim, no exit file), so the gang is
+    # only half there, and rank 0 is killed.
+    os.killpg(h.procs[1].pid, 9)
+    wait_for(lambda: not psutil.pid_exists(h.procs[1].pid)
+             or psutil.Process(h.procs[1].pid).status() == psutil.STATUS_ZOMBIE,
+             "rank 1 to be killed")
+    Path(h.procs[1].exit_file).unlink(missing_ok=True)
     assert second.find(JOB, 1, 2) is None
     wait_for(lambda: not psutil.pid_exists(h.procs[0].pid)
              or psutil.Process(h.procs[0].pid).status() == psutil.STATUS_ZOMBIE,
              "rank 0 to be killed")
-    assert psutil.pid_exists(h.procs[1].pid) and not journal.exists()
-    os.killpg(h.procs[1].pid, 9)
+    assert not journal.exists()
+
+
+def test_a_launch_that_ended_before_it_was_recorded_is_found_ended(make_rt, tmp_path):
+    """Killed before it stored the handle, and the job ended meanwhile (its journal already
+    gone): its exit file still says so, so the job is not started a second time."""
+    first = make_rt()
+    first.launch(spec(tmp_path, sh("exit 3")))
+    wait_events(first)
+    first.close()
+    second = make_rt()
+    found = second.find(JOB, 1, 1)
+    assert found is not None and second.adopt(found) is False
+    assert [(e.kind, e.exit_code) for e in wait_events(second)] == [(EventKind.EXITED, 3)]
 
 
 def test_an_ended_attempt_leaves_no_journal(make_rt, tmp_path):
     rt = make_rt()
     rt.launch(spec(tmp_path, sh("exit 0")))
     wait_events(rt)
-    assert rt.find(JOB, 1, 1) is None
     assert list((tmp_path / "home" / "launched").iterdir()) == []

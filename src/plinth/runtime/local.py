@@ -34,7 +34,6 @@ import pwd
 import shutil
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -46,7 +45,6 @@ import psutil
 from plinth.core.errors import PlinthError
 from plinth.core.net import free_port
 from plinth.core.resources import MILLI, Node
-from plinth.runtime import shim
 from plinth.runtime.base import (
     EventKind,
     Handle,
@@ -59,15 +57,22 @@ from plinth.runtime.base import (
 from plinth.runtime.gpu import GpuInfo, MpsManager, discover_gpus
 from plinth.runtime.gpu import fake_gpus as make_fake_gpus
 from plinth.runtime.limits import Limiter, WorkerLimits, cgroup_memory_limit_mib
-from plinth.runtime.procs import killpg, read_exit, same_process, start_ticks
+from plinth.runtime.procs import (
+    LOG_LIMIT_MIB,
+    find_shim,
+    killpg,
+    read_exit,
+    same_process,
+    start_shim,
+    start_ticks,
+    user_ids,
+)
 from plinth.runtime.watch import EventQueue, check_launch, checkpoint_events
 
 log = logging.getLogger(__name__)
 
 POLL_S = 0.05
 MIB = 2**20
-SHIM = str(Path(shim.__file__).resolve())
-SETPRIV = shutil.which("setpriv")  # drops to a tenant's user (run_as)
 # An adopted attempt's launch time is known only from the kernel's process start times, which
 # psutil derives from a boot time in whole seconds.
 ADOPTED_START_SLACK_S = 1.0
@@ -123,12 +128,15 @@ class LocalRuntime(EventQueue):
 
     def __init__(self, home: Path, *, fake_gpus: str | None = None,
                  notify: Callable[[], None] | None = None, node_name: str = "localhost",
-                 gang_grace_s: float = 10.0, cgroup_parent: Path | None = None) -> None:
+                 gang_grace_s: float = 10.0, cgroup_parent: Path | None = None,
+                 log_limit_mib: int = LOG_LIMIT_MIB) -> None:
+        """`log_limit_mib`: a job's log is cut at this size (0: never)."""
         self.home = Path(home)
         (self.home / "exit").mkdir(parents=True, exist_ok=True)
         (self.home / "launched").mkdir(exist_ok=True)
         self.node_name = node_name
         self.gang_grace_s = gang_grace_s
+        self.log_limit_mib = log_limit_mib
         self.gpus: list[GpuInfo] = make_fake_gpus(fake_gpus) if fake_gpus else discover_gpus()
         self.fake_gpus = bool(fake_gpus)
         self._nodes = _split_nodes(node_name, self.gpus, fake=self.fake_gpus)
@@ -180,6 +188,7 @@ class LocalRuntime(EventQueue):
         ordered = sorted(spec.workers, key=lambda w: w.rank)
         started: list[_Worker] = []
         try:
+            self._write_journal(spec, started)  # before the first fork: see `find`
             for w in ordered:
                 started.append(self._start(spec, w, envs[w.rank]))
                 self._write_journal(spec, started)
@@ -199,17 +208,30 @@ class LocalRuntime(EventQueue):
         return _handle(spec, started)
 
     def find(self, job_id: int, attempt: int, workers: int) -> Handle | None:
-        """The handle of a launch the control plane did not live to record, from the journal
-        `launch` writes as each worker starts. A gang only partly started is killed."""
+        """The handle of a launch the control plane did not live to record. A worker is known
+        by the journal `launch` writes before its first fork and as each worker starts; one
+        forked just before the control plane died, and not journalled yet, by its running shim
+        (it names its exit file); one that has already ended, by its exit file. So a launch
+        that started is never taken for one that did not, and never runs twice. A gang only
+        partly started is killed."""
         path = self._journal(job_id, attempt)
         try:
-            handle = Handle.from_dict(json.loads(path.read_text()))
+            journal = Handle.from_dict(json.loads(path.read_text()))
         except (OSError, ValueError, KeyError, TypeError):
-            return None
-        if len(handle.procs) == workers:
-            return handle
-        for ref in handle.procs:  # it would run on unwatched, beside the attempt that follows
-            if same_process(ref) is not None:
+            journal = None
+        known = dict(enumerate(journal.procs)) if journal else {}
+        refs: list[ProcRef | None] = []
+        for rank in range(workers):
+            exit_file = str(self._exit_file(job_id, attempt, rank))
+            ref = known.get(rank) or find_shim(exit_file)
+            if ref is None and read_exit(exit_file) is not None:
+                ref = ProcRef(0, 0.0, exit_file)  # it ran, and ended while no one watched
+            refs.append(ref)
+        if all(ref is not None for ref in refs):
+            return Handle(job_id, attempt, tuple(refs),  # type: ignore[arg-type]
+                          journal.checkpoint_dir if journal else None)
+        for ref in refs:  # it would run on unwatched, beside the attempt that follows
+            if ref is not None and same_process(ref) is not None:
                 killpg(ref.pid, signal.SIGKILL)
         path.unlink(missing_ok=True)
         return None
@@ -291,6 +313,21 @@ class LocalRuntime(EventQueue):
         check_launch(spec, closed=self._closed.is_set(), node_is="a node here",
                      gpus_on={name: len(n.gpus) for name, n in self._nodes.items()})
         where = f"job {spec.job_id} attempt {spec.attempt}"
+        if spec.run_as is not None:
+            # The command and the workdir are the tenant's to name and are looked at only as
+            # the tenant, by the shim's child: checked here as root, they would tell whether
+            # a path the tenant cannot see exists. A bad one ends the job with 127 or 126 and
+            # a line in its log.
+            if os.geteuid() != 0:
+                raise PlinthError(f"{where}: run_as: only a runtime running as root can run a "
+                                  f"job as {spec.run_as!r}")
+            try:
+                user_ids(spec.run_as)
+            except KeyError:
+                raise PlinthError(f"{where}: run_as: no Unix user {spec.run_as!r}") from None
+            except PermissionError as e:
+                raise PlinthError(f"{where}: {e}") from None
+            return
         exe = spec.command[0]
         path = (spec.env.get("PATH") or os.environ.get("PATH", os.defpath))
         if "/" in exe:
@@ -302,25 +339,16 @@ class LocalRuntime(EventQueue):
                               + ("" if "/" in exe else " on PATH"))
         if spec.workdir and not Path(spec.workdir).is_dir():
             raise PlinthError(f"{where}: workdir: {spec.workdir!r} is not a directory")
-        if spec.run_as is not None:
-            if os.geteuid() != 0:
-                raise PlinthError(f"{where}: run_as: only a runtime running as root can run a "
-                                  f"job as {spec.run_as!r}")
-            if SETPRIV is None:
-                raise PlinthError(f"{where}: run_as: setpriv (util-linux) is not on PATH")
-            try:
-                pwd.getpwnam(spec.run_as)
-            except KeyError:
-                raise PlinthError(f"{where}: run_as: no Unix user {spec.run_as!r}") from None
 
     def _start(self, spec: LaunchSpec, w: WorkerLaunch, gang: dict[str, str]) -> _Worker:
         name = f"j{spec.job_id}-a{spec.attempt}-r{w.rank}"
-        exit_file = self.home / "exit" / f"{name}.exit"
+        exit_file = self._exit_file(spec.job_id, spec.attempt, w.rank)
         exit_file.unlink(missing_ok=True)  # a stale file would be read as this attempt's end
         # A clean environment: never the server's own (it may hold secrets), only a short
         # allowlist, then the spec's variables, then the platform's.
         env = {k: os.environ[k] for k in INHERITED_ENV if k in os.environ}
         env["PYTHONUNBUFFERED"] = "1"  # so that `plinth logs -f` shows lines as they come
+        env.update(_user_env(spec))
         env.update(spec.env)
         env.update(gang)
         gpus = tuple(self._nodes[w.node].gpus[g] for g in w.gpus)  # the machine's numbering
@@ -335,20 +363,15 @@ class LocalRuntime(EventQueue):
                 wk.mps_gpu = gpu
             wk.limits = self._limiter.prepare(name, cpus_milli=w.cpus_milli,
                                               memory_mib=w.memory_mib)
-            argv = [sys.executable, "-I", SHIM, *wk.limits.shim_args(), str(exit_file), "--",
-                    *_as_user(spec, env), *spec.command]
-            # The shim starts with SIGTERM and SIGINT blocked (a mask survives fork and exec)
-            # and unblocks them once its handler is in place: a stop that comes while Python is
-            # still starting up then waits for the handler instead of killing the shim before
-            # it can write an exit code.
-            old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, shim.RELAYED)
-            try:
-                with open(spec.log_path, "ab") as out:
-                    wk.popen = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out,
-                                                stderr=subprocess.STDOUT, env=env,
-                                                cwd=spec.workdir, start_new_session=True)
-            finally:
-                signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+            # The platform's own variables for the shim (adoption reads its MPS pipe); what the
+            # spec gives reaches only the command, after it has dropped to its user.
+            shim_env = {k: os.environ[k] for k in INHERITED_ENV if k in os.environ}
+            if wk.mps_gpu is not None:
+                shim_env["CUDA_MPS_PIPE_DIRECTORY"] = env["CUDA_MPS_PIPE_DIRECTORY"]
+            opts = [*wk.limits.shim_args(), "--log-limit", str(self.log_limit_mib * MIB)]
+            wk.popen = start_shim(str(exit_file), command=spec.command, env=env,
+                                  workdir=spec.workdir, log_path=spec.log_path, opts=opts,
+                                  run_as=spec.run_as, shim_env=shim_env)
         except BaseException:
             self._release(spec.job_id, spec.attempt, wk)
             raise
@@ -468,6 +491,9 @@ class LocalRuntime(EventQueue):
         a control plane killed before it stored the handle finds them here (`find`)."""
         return self.home / "launched" / f"j{job_id}-a{attempt}.json"
 
+    def _exit_file(self, job_id: int, attempt: int, rank: int) -> Path:
+        return self.home / "exit" / f"j{job_id}-a{attempt}-r{rank}.exit"
+
     def _write_journal(self, spec: LaunchSpec, started: list[_Worker]) -> None:
         path = self._journal(spec.job_id, spec.attempt)
         tmp = path.with_suffix(".tmp")
@@ -479,18 +505,12 @@ class LocalRuntime(EventQueue):
         if wk.mps_gpu is not None:
             self.mps.release(wk.mps_gpu, (job_id, attempt, wk.rank))
 
-def _as_user(spec: LaunchSpec, env: dict[str, str]) -> list[str]:
-    """The prefix that runs the command as `spec.run_as` (with its USER, and its HOME unless
-    the launch gives one): the shim stays root, to relay signals and write the exit code; the
-    command does not."""
+def _user_env(spec: LaunchSpec) -> dict[str, str]:
+    """USER, LOGNAME and HOME of `spec.run_as` (a spec's own HOME wins: it comes after)."""
     if spec.run_as is None:
-        return []
+        return {}
     p = pwd.getpwnam(spec.run_as)
-    env.update(USER=p.pw_name, LOGNAME=p.pw_name)
-    if "HOME" not in spec.env:
-        env["HOME"] = p.pw_dir
-    setpriv = SETPRIV or "setpriv"  # `_check` has made sure it is there
-    return [setpriv, f"--reuid={p.pw_uid}", f"--regid={p.pw_gid}", "--init-groups", "--"]
+    return {"USER": p.pw_name, "LOGNAME": p.pw_name, "HOME": p.pw_dir}
 
 
 def _ended(wk: _Worker) -> bool:

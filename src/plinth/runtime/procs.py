@@ -3,18 +3,32 @@ ticks, so that a reused pid is never taken for it), its exit file, and signals t
 
 from __future__ import annotations
 
+import json
 import os
+import pwd
+import signal
+import stat
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import psutil
 
+from plinth.runtime import shim
 from plinth.runtime.base import ProcRef
+
+SHIM = str(Path(shim.__file__).resolve())
+EXIT_MAX_BYTES = 64
+LOG_LIMIT_MIB = 256  # a job's log stops growing here (plinth up --log-limit)
 
 START_TIME_TOLERANCE_S = 0.001  # a handle stored without start ticks: its create time
 
 
 def same_process(ref: ProcRef) -> psutil.Process | None:
     """The process `ref` names, if its pid still belongs to it (not reused by another)."""
+    if ref.pid <= 0:  # a worker known only by the exit file it left
+        return None
     try:
         p = psutil.Process(ref.pid)
         same = start_ticks(ref.pid) == ref.start_ticks if ref.start_ticks else \
@@ -24,6 +38,61 @@ def same_process(ref: ProcRef) -> psutil.Process | None:
     return p if same else None
 
 
+def user_ids(name: str) -> list:
+    """[uid, gid, groups] of a Unix user, as the shim drops to them; a root user is refused."""
+    p = pwd.getpwnam(name)  # KeyError: no such user
+    if p.pw_uid == 0:
+        raise PermissionError(f"run_as: {name!r} is uid 0; no job runs as root")
+    return [p.pw_uid, p.pw_gid, os.getgrouplist(name, p.pw_gid)]
+
+
+def start_shim(exit_file: str, *, command: Sequence[str], env: Mapping[str, str],
+               workdir: str | None, log_path: str, opts: Sequence[str] = (),
+               run_as: str | None = None, shim_env: Mapping[str, str] | None = None
+               ) -> subprocess.Popen:
+    """Start one worker: the shim, in a session of its own, appending to `log_path`. The
+    command, its environment, its folder and its user go to the shim on stdin, never into the
+    shim's own argv or environment (see plinth.runtime.shim): `shim_env` holds only what the
+    platform itself sets. The shim starts with SIGTERM and SIGINT blocked (a mask survives fork
+    and exec) and unblocks them once its handler is in place: a stop that comes while Python is
+    still starting up then waits for the handler instead of killing the shim before it can
+    write an exit code."""
+    launch = {"argv": list(command), "env": dict(env), "cwd": workdir,
+              "user": user_ids(run_as) if run_as is not None else None}
+    argv = [sys.executable, "-I", SHIM, *opts, exit_file]
+    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, shim.RELAYED)
+    try:
+        with open(log_path, "ab") as out:
+            popen = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=out,
+                                     stderr=subprocess.STDOUT, env=dict(shim_env or {}),
+                                     cwd="/", start_new_session=True)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+    try:
+        with popen.stdin:  # type: ignore[union-attr]
+            popen.stdin.write(json.dumps(launch).encode())  # type: ignore[union-attr]
+    except BrokenPipeError:
+        pass  # the shim died before it read its launch: it leaves no exit code, seen as lost
+    return popen
+
+
+def find_shim(exit_file: str) -> ProcRef | None:
+    """A running shim of this runtime's user that writes `exit_file`: a worker forked by a
+    control plane that died before it could record it. A process of another user that merely
+    names the file in its argv is not taken for it."""
+    for p in psutil.process_iter(["cmdline", "uids"]):
+        cmd, uids = p.info["cmdline"] or [], p.info["uids"]
+        if len(cmd) > 3 and cmd[-1] == exit_file and cmd[2] == SHIM and uids is not None \
+                and uids.real == os.geteuid():
+            ticks = start_ticks(p.pid)
+            if ticks is not None:
+                try:
+                    return ProcRef(p.pid, p.create_time(), exit_file, ticks)
+                except psutil.NoSuchProcess:
+                    pass
+    return None
+
+
 def killpg(pgid: int, sig: int) -> None:
     try:
         os.killpg(pgid, sig)
@@ -31,10 +100,31 @@ def killpg(pgid: int, sig: int) -> None:
         pass
 
 
-def read_exit(path: str, default: int | None = None) -> int | None:
+def read_small(path: str, limit: int) -> bytes | None:
+    """The content of a regular file of at most `limit` bytes, or None: a FIFO, a device, a
+    link or anything larger is never opened for reading in a way that could block or run long
+    (O_NONBLOCK, O_NOFOLLOW, then checked by fstat), so a file a job left cannot stall a
+    runtime's watcher."""
     try:
-        return int(Path(path).read_text().strip())
-    except (OSError, ValueError):
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_NOCTTY)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > limit:
+            return None
+        return os.read(fd, limit + 1)[:limit]
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def read_exit(path: str, default: int | None = None) -> int | None:
+    raw = read_small(path, EXIT_MAX_BYTES)
+    try:
+        return int(raw.strip()) if raw is not None else default
+    except ValueError:
         return default
 
 

@@ -15,7 +15,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -24,12 +23,10 @@ from pathlib import Path
 import psutil
 
 from plinth.core.errors import PlinthError
-from plinth.runtime import shim
 from plinth.runtime.local import INHERITED_ENV
-from plinth.runtime.procs import killpg
+from plinth.runtime.procs import LOG_LIMIT_MIB, killpg, start_shim
 
 LOG_CHUNK = 1 << 20  # most bytes one `take_log` returns
-SHIM = str(Path(shim.__file__).resolve())
 
 
 class WorkerActor:
@@ -80,19 +77,13 @@ class WorkerActor:
         if workdir and not Path(workdir).is_dir():
             raise PlinthError(f"workdir: {workdir!r} is not a directory on "
                               f"{socket.gethostname()}")
-        # As in the local runtime: the shim starts with SIGTERM blocked and unblocks it once its
-        # handler is in place, so an early stop is not lost.
         limits = ["--memory-mib", str(memory_mib)] if memory_mib else []
         # The shim's exit file is not read: the shim exits with the same code.
-        argv = [sys.executable, "-I", SHIM, *limits, str(self.dir / "exit"), "--", *command]
-        old = signal.pthread_sigmask(signal.SIG_BLOCK, shim.RELAYED)
-        try:
-            with open(self.log_file, "ab") as out:
-                self.popen = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out,
-                                              stderr=subprocess.STDOUT, env=full, cwd=workdir,
-                                              start_new_session=True)
-        finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        self.popen = start_shim(str(self.dir / "exit"), command=command, env=full,
+                                workdir=workdir, log_path=str(self.log_file),
+                                opts=[*limits, "--log-limit", str(LOG_LIMIT_MIB * 2**20)],
+                                shim_env={k: os.environ[k] for k in INHERITED_ENV
+                                          if k in os.environ})
         self.start_time = psutil.Process(self.popen.pid).create_time()
         return self.popen.pid, self.start_time
 

@@ -1,28 +1,41 @@
 """The process the runtime starts for each worker: it runs the command and records how it ended.
 
-    python -I shim.py [--cgroup DIR] [--memory-mib N] [--cpus 0,1] EXIT_FILE -- ARGV...
+    python -I shim.py [--cgroup DIR] [--memory-mib N] [--cpus 0,1] [--log-limit BYTES] EXIT_FILE
 
-It joins its limits first (see plinth.runtime.limits), so the command starts inside them. It
-relays SIGTERM and SIGINT to the rest of its process group (the command and whatever that
-started), each exactly once. When the command ends it writes its exit code to EXIT_FILE
-atomically, with a death by signal N written as 128+N as a shell does, and exits with the same
-code. The exit file is what lets a restarted control plane learn how a worker it did not start
-ended. Only the standard library is imported, so it starts fast and fits small memory limits.
+What to run comes on stdin, as one JSON object the runtime writes and closes:
+``{"argv": [...], "env": {...}, "cwd": DIR or null, "user": [UID, GID, [GROUPS]] or null}``.
+Nothing of it is in the shim's own argv (so `ps` shows no tenant's command line under a root
+process) or in its environment (so nothing a spec names, LD_PRELOAD say, is ever loaded into a
+process that keeps root): the shim applies the spec's environment only to the `execve` of the
+command, in a child that has already dropped to `user` and made `cwd` its folder as that user.
+
+The shim joins its limits first (see plinth.runtime.limits), so the command starts inside them.
+It relays SIGTERM and SIGINT to the rest of its process group (the command and whatever that
+started), each exactly once. The command's stdout and stderr come back through a pipe, which the
+shim appends to its own stdout (the job's log) until the log holds `--log-limit` bytes; then it
+writes one line saying the log was cut and drops the rest. When the command ends it writes its
+exit code to EXIT_FILE atomically, with a death by signal N written as 128+N as a shell does, and
+exits with the same code. A command that cannot start (no such executable, a workdir the user
+cannot enter) ends with 127 or 126 and one line in the log. Only the standard library is
+imported, so it starts fast and fits small memory limits.
 """
 
+import json
 import os
+import select
 import signal
-import subprocess
 import sys
 
 RELAYED = (signal.SIGTERM, signal.SIGINT)
-_child = None
+CUT = "\n[plinth] log cut at {} bytes (the log limit); the rest of this attempt's output is dropped\n"
+DRAIN_BYTES = 1 << 20  # read after the command ended, from what it left running
+_child = 0
 _pending = 0  # a signal that came before the command started
 
 
 def _relay(sig, _frame):
     global _pending
-    if _child is None:
+    if not _child:
         _pending = sig
         return
     # Ignore it ourselves while signalling the whole group, so that the command, its children and
@@ -54,7 +67,83 @@ def _write_exit(path, code):
     os.replace(tmp, path)
 
 
-def _run(exit_file, argv, opts):
+def _exec(launch, out):
+    """In the child: drop to the launch's user, enter its folder, run its command. Never
+    returns; 127 (no such command) or 126 (anything else) with one line on stderr."""
+    field = "start"
+    try:
+        for sig in RELAYED:
+            signal.signal(sig, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, RELAYED)
+        os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+        os.dup2(out, 1)
+        os.dup2(out, 2)
+        if launch.get("user"):
+            field = "run_as"
+            uid, gid, groups = launch["user"]
+            os.setgroups(groups)
+            os.setresgid(gid, gid, gid)
+            os.setresuid(uid, uid, uid)
+        if launch.get("cwd"):
+            field = "workdir"
+            os.chdir(launch["cwd"])
+        field = "command[0]"
+        argv = launch["argv"]
+        os.execvpe(argv[0], argv, launch["env"])
+    except BaseException as e:  # noqa: BLE001 -- the child must never return into the shim
+        try:
+            os.write(2, f"plinth shim: {field}: cannot start: {e}\n".encode())
+        finally:
+            os._exit(127 if field == "command[0]" and isinstance(e, FileNotFoundError) else 126)
+
+
+class _Log:
+    """Appends the command's output to the log (fd 1) while the log is under `limit` bytes
+    (0: no limit); past it, one line that says so, then nothing."""
+
+    def __init__(self, limit):
+        self.limit, self.cut = limit, False
+
+    def write(self, data):
+        if self.cut:
+            return
+        try:
+            if self.limit:
+                room = self.limit - os.fstat(1).st_size
+                if len(data) > room:
+                    self.cut = True
+                    data = data[:max(room, 0)] + CUT.format(self.limit).encode()
+            while data:
+                data = data[os.write(1, data):]
+        except OSError:  # a full disk: the job goes on, its output is lost
+            self.cut = True
+
+
+def _pump(r, log):
+    """Copy the command's output to the log until the command has ended and its output is
+    drained; returns its wait status. Something it left running that holds the pipe open
+    does not keep the shim waiting: it is killed with the group when the shim ends."""
+    poller = select.poll()
+    poller.register(r, select.POLLIN)
+    status, drain = None, DRAIN_BYTES
+    while drain > 0:
+        if poller.poll(100 if status is None else 0):
+            data = os.read(r, 1 << 16)
+            if not data:  # every writer is gone
+                return os.waitpid(_child, 0)[1] if status is None else status
+            log.write(data)
+            if status is not None:
+                drain -= len(data)
+            continue
+        if status is not None:
+            break  # ended, and nothing more to read now
+        pid, st = os.waitpid(_child, os.WNOHANG)
+        if pid:
+            status = st
+    return status
+
+
+def _run(exit_file, opts, launch):
     global _child
     try:
         _limit(opts)
@@ -67,32 +156,38 @@ def _run(exit_file, argv, opts):
     signal.pthread_sigmask(signal.SIG_UNBLOCK, RELAYED)
     if _pending:
         return 128 + _pending  # stopped before it started
-    try:
-        _child = subprocess.Popen(argv)
-    except FileNotFoundError as e:
-        print(f"plinth shim: command not found: {e}", file=sys.stderr, flush=True)
-        return 127
-    except OSError as e:
-        print(f"plinth shim: cannot run {argv[0]!r}: {e}", file=sys.stderr, flush=True)
-        return 126
+    r, w = os.pipe()
+    signal.pthread_sigmask(signal.SIG_BLOCK, RELAYED)  # the child resets them before unblocking
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        _exec(launch, w)
+    _child = pid
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, RELAYED)
+    os.close(w)
     if _pending:
         _relay(_pending, None)
-    rc = _child.wait()  # a relayed signal interrupts the wait, which Python then resumes
-    return 128 - rc if rc < 0 else rc
+    status = _pump(r, _Log(int(opts.get("--log-limit", 0))))
+    code = os.waitstatus_to_exitcode(status)
+    return 128 - code if code < 0 else code
 
 
 def main(args):
     opts = {}
-    while args and args[0].startswith("--") and args[0] != "--":
+    while args and args[0].startswith("--"):
         opts[args[0]] = args[1]
         args = args[2:]
-    if len(args) < 3 or args[1] != "--":
-        print("usage: shim.py [--cgroup DIR] [--memory-mib N] [--cpus LIST] EXIT_FILE -- ARGV...",
-              file=sys.stderr)
+    if len(args) != 1:
+        print("usage: shim.py [--cgroup DIR] [--memory-mib N] [--cpus LIST] [--log-limit BYTES] "
+              "EXIT_FILE < LAUNCH_JSON", file=sys.stderr)
         return 2
-    exit_file, argv = args[0], args[2:]
-    code = _run(exit_file, argv, opts)
-    _write_exit(exit_file, code)
+    try:
+        launch = json.loads(sys.stdin.buffer.read())
+    except ValueError as e:
+        print(f"plinth shim: the launch on stdin is not JSON: {e}", file=sys.stderr, flush=True)
+        return 2
+    code = _run(args[0], opts, launch)
+    _write_exit(args[0], code)
     return code
 
 

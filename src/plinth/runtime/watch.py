@@ -11,6 +11,7 @@ import json
 import logging
 import math
 import os
+import stat
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -19,6 +20,7 @@ from plinth.core.errors import PlinthError
 from plinth.core.resources import MILLI
 from plinth.job import CHECKPOINT_MARKER
 from plinth.runtime.base import EventKind, LaunchSpec, RuntimeEvent
+from plinth.runtime.procs import read_small
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +105,7 @@ def checkpoint_event(att: Any, problem: Callable[[str], None]) -> RuntimeEvent |
     path = os.path.join(att.checkpoint_dir, CHECKPOINT_MARKER)
     where = f"job {att.job_id} attempt {att.attempt}: checkpoint marker {path}"
     try:
-        st = os.stat(path)
+        st = os.lstat(path)  # the job's own folder: a link it planted is not followed
     except FileNotFoundError:
         return None
     except OSError as e:
@@ -113,16 +115,15 @@ def checkpoint_event(att: Any, problem: Callable[[str], None]) -> RuntimeEvent |
     if seen == att.marker_seen:
         return None
     att.marker_seen = seen
+    if not stat.S_ISREG(st.st_mode):  # a FIFO would block the watcher of every job
+        problem(f"{where}: not a regular file; ignored")
+        return None
     if st.st_size > MARKER_MAX_BYTES:
         problem(f"{where}: {st.st_size} bytes, more than a marker's {MARKER_MAX_BYTES}; ignored")
         return None
-    try:
-        with open(path, "rb") as f:
-            raw = f.read(MARKER_MAX_BYTES + 1)
-    except OSError as e:  # replaced or removed since the stat: the next tick looks again
+    raw = read_small(path, MARKER_MAX_BYTES)
+    if raw is None:  # replaced since the lstat (by something else, maybe): the next tick looks
         att.marker_seen = None
-        if not isinstance(e, FileNotFoundError):
-            problem(f"{where}: cannot read: {e.strerror}")
         return None
     try:
         step, attempt, at = parse_marker(raw)
