@@ -238,3 +238,21 @@ def test_an_ended_attempt_leaves_no_journal(make_rt, tmp_path):
     rt.launch(spec(tmp_path, sh("exit 0")))
     wait_events(rt)
     assert list((tmp_path / "home" / "launched").iterdir()) == []
+
+
+def test_an_adopted_shim_killed_from_outside_leaves_nothing_running(make_rt, tmp_path):
+    """kill -9 of an adopted worker's shim: the command it started is not our child and was
+    left running while the job was requeued as lost, so it ran beside the next attempt."""
+    first = make_rt()
+    h = first.launch(spec(tmp_path, sh("echo $$ > " + str(tmp_path / "cmd.pid") +
+                                       "; exec sleep 300")))
+    first.close()
+    second = make_rt()
+    assert second.adopt(_round_trip(h)) is True
+    cmd = int(wait_for(lambda: (tmp_path / "cmd.pid").exists()
+                       and (tmp_path / "cmd.pid").read_text().strip(), "the command's pid"))
+    os.kill(h.procs[0].pid, 9)
+    [ev] = wait_events(second)
+    assert ev.kind is EventKind.LOST
+    wait_for(lambda: not psutil.pid_exists(cmd)
+             or psutil.Process(cmd).status() == psutil.STATUS_ZOMBIE, "the command to be killed")

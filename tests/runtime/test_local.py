@@ -326,3 +326,20 @@ def test_workers_on_fake_nodes_are_checked(make_rt, tmp_path, worker, field):
 def test_one_model_is_one_node_as_before(make_rt):
     assert [n.name for n in make_rt(fake_gpus="2xV100").nodes()] == ["localhost"]
     assert [n.name for n in make_rt().nodes()] == ["localhost"]
+
+
+def test_a_fifo_as_the_marker_stalls_nothing(make_rt, tmp_path):
+    """A FIFO where the checkpoint marker goes blocked the one watcher thread (an open for
+    reading waits for a writer): no other job's end was seen after it."""
+    rt = make_rt()
+    ckpt = tmp_path / "ckpt"
+    rt.launch(spec(tmp_path, sh(f'mkdir -p {ckpt} && mkfifo {ckpt}/{MARKER} && exec sleep 300'),
+                   checkpoint_dir=str(ckpt)))
+    wait_for(lambda: (ckpt / MARKER).exists(), "the planted FIFO")
+    rt.launch(spec(tmp_path, sh("exit 4"), job_id=JOB + 1))
+    [ev] = wait_events(rt)
+    assert (ev.job_id, ev.kind, ev.exit_code) == (JOB + 1, EventKind.EXITED, 4)
+    wait_for(lambda: any("not a regular file" in p for p in rt.problems), "the FIFO reported")
+    rt.stop(JOB, 1, grace_s=0)
+    [ev] = wait_events(rt)
+    assert (ev.job_id, ev.kind) == (JOB, EventKind.EXITED)

@@ -543,6 +543,11 @@ def _ended(wk: _Worker) -> bool:
             return False
     except psutil.NoSuchProcess:
         pass
+    # What an adopted worker left in its group would run on unwatched while the job is
+    # requeued: swept too. Linux reuses no pid while a group of that id has members, so the
+    # group is the shim's unless a new process holds its pid (then it is left alone).
+    if start_ticks(wk.pid) in (None, wk.start_ticks):
+        killpg(wk.pid, signal.SIGKILL)
     wk.done, wk.code = True, read_exit(wk.exit_file, 137 if wk.killed else None)
     return True
 

@@ -184,7 +184,8 @@ class RayRuntime(EventQueue):
                                                      timeout=CALL_TIMEOUT_S)
             envs = gang_env(spec, master_addr=master_addr, master_port=master_port)
             started = ray.get([a.start.remote(list(spec.command), {**spec.env, **envs[w.rank]},
-                                              spec.workdir, spec.log_path, w.memory_mib)
+                                              spec.workdir, spec.log_path, w.memory_mib,
+                                              spec.run_as)
                                for a, w in zip(actors, ordered, strict=True)],
                               timeout=CALL_TIMEOUT_S)
         except Exception as e:
@@ -327,10 +328,6 @@ class RayRuntime(EventQueue):
         return False
 
     def _check(self, spec: LaunchSpec) -> None:
-        if spec.run_as is not None:
-            raise PlinthError(f"job {spec.job_id} attempt {spec.attempt}: run_as: the Ray "
-                              f"runtime runs every job as the Ray cluster's user, not as "
-                              f"{spec.run_as!r}")
         if any(w.node not in self._nodes for w in spec.workers):
             self._nodes = self._read_nodes()  # a node may have joined since
         check_launch(spec, closed=self._closed.is_set(), node_is="a live Ray node",

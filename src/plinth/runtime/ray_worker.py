@@ -11,6 +11,7 @@ the module is imported in every Ray worker process that hosts an actor.
 from __future__ import annotations
 
 import os
+import pwd
 import shutil
 import signal
 import socket
@@ -24,7 +25,7 @@ import psutil
 
 from plinth.core.errors import PlinthError
 from plinth.runtime.local import INHERITED_ENV
-from plinth.runtime.procs import LOG_LIMIT_MIB, killpg, start_shim
+from plinth.runtime.procs import LOG_LIMIT_MIB, killpg, start_shim, user_ids
 
 LOG_CHUNK = 1 << 20  # most bytes one `take_log` returns
 
@@ -58,30 +59,41 @@ class WorkerActor:
             return host, int(s.getsockname()[1])
 
     def start(self, command: list[str], env: dict[str, str], workdir: str | None,
-              log_path: str, memory_mib: int) -> tuple[int, float]:
-        """Start the shim running `command`; (pid, start time). Raises if it cannot run.
-        `log_path` is the control plane's log file for the job (kept for an adopter)."""
+              log_path: str, memory_mib: int, run_as: str | None = None) -> tuple[int, float]:
+        """Start the shim running `command` (as `run_as`, which needs a node running as root);
+        (pid, start time). Raises if it cannot run. `log_path` is the control plane's log file
+        for the job (kept for an adopter)."""
         self.log_path = log_path
         self.checkpoint_dir = env.get("PLINTH_CHECKPOINT_DIR")
         full = {k: os.environ[k] for k in INHERITED_ENV if k in os.environ}
         full["PYTHONUNBUFFERED"] = "1"
+        host = socket.gethostname()
+        if run_as is not None:
+            # As in the local runtime: the tenant's command and workdir are looked at only as
+            # the tenant, by the shim's child.
+            if os.geteuid() != 0:
+                raise PlinthError(f"run_as: the Ray node on {host} runs as uid {os.geteuid()}, "
+                                  f"so it cannot run a job as {run_as!r}")
+            try:
+                user_ids(run_as)
+            except KeyError:
+                raise PlinthError(f"run_as: no Unix user {run_as!r} on {host}") from None
+            p = pwd.getpwnam(run_as)
+            full.update(USER=p.pw_name, LOGNAME=p.pw_name, HOME=p.pw_dir)
         full.update(env)
         exe = command[0]
-        if "/" in exe:
-            found = os.access(Path(workdir or ".") / exe, os.X_OK)
-        else:
-            found = shutil.which(exe, path=full.get("PATH", os.defpath)) is not None
-        if not found:
-            raise PlinthError(f"command[0]: {exe!r} is not an executable on "
-                              f"{socket.gethostname()}")
-        if workdir and not Path(workdir).is_dir():
-            raise PlinthError(f"workdir: {workdir!r} is not a directory on "
-                              f"{socket.gethostname()}")
+        found = os.access(Path(workdir or ".") / exe, os.X_OK) if "/" in exe else \
+            shutil.which(exe, path=full.get("PATH", os.defpath)) is not None
+        if run_as is None and not found:
+            raise PlinthError(f"command[0]: {exe!r} is not an executable on {host}")
+        if run_as is None and workdir and not Path(workdir).is_dir():
+            raise PlinthError(f"workdir: {workdir!r} is not a directory on {host}")
         limits = ["--memory-mib", str(memory_mib)] if memory_mib else []
         # The shim's exit file is not read: the shim exits with the same code.
         self.popen = start_shim(str(self.dir / "exit"), command=command, env=full,
                                 workdir=workdir, log_path=str(self.log_file),
                                 opts=[*limits, "--log-limit", str(LOG_LIMIT_MIB * 2**20)],
+                                run_as=run_as,
                                 shim_env={k: os.environ[k] for k in INHERITED_ENV
                                           if k in os.environ})
         self.start_time = psutil.Process(self.popen.pid).create_time()

@@ -67,9 +67,11 @@ def _write_exit(path, code):
     os.replace(tmp, path)
 
 
-def _exec(launch, out):
-    """In the child: drop to the launch's user, enter its folder, run its command. Never
-    returns; 127 (no such command) or 126 (anything else) with one line on stderr."""
+def _exec(launch, out, search):
+    """In the child: drop to the launch's user, enter its folder, run its command (the first
+    of the paths in `search` that runs). Never returns; 127 (no such command) or 126
+    (anything else) with one line on stderr. Nothing here imports a module: after the drop,
+    the interpreter's own library may be out of the user's reach."""
     field = "start"
     try:
         for sig in RELAYED:
@@ -88,8 +90,16 @@ def _exec(launch, out):
             field = "workdir"
             os.chdir(launch["cwd"])
         field = "command[0]"
-        argv = launch["argv"]
-        os.execvpe(argv[0], argv, launch["env"])
+        argv, env, err = launch["argv"], launch["env"], None
+        for path in search:  # as execvp does; os.execvpe would import a module, as the user
+            try:
+                os.execve(path, argv, env)
+            except (FileNotFoundError, NotADirectoryError):
+                pass
+            except PermissionError as e:
+                err = e
+        raise err or FileNotFoundError(2, "not found" + ("" if "/" in argv[0] else " on PATH"),
+                                       argv[0])
     except BaseException as e:  # noqa: BLE001 -- the child must never return into the shim
         try:
             os.write(2, f"plinth shim: {field}: cannot start: {e}\n".encode())
@@ -156,12 +166,15 @@ def _run(exit_file, opts, launch):
     signal.pthread_sigmask(signal.SIG_UNBLOCK, RELAYED)
     if _pending:
         return 128 + _pending  # stopped before it started
+    exe = launch["argv"][0]
+    search = [exe] if "/" in exe else \
+        [os.path.join(d, exe) for d in os.get_exec_path(launch["env"])]
     r, w = os.pipe()
     signal.pthread_sigmask(signal.SIG_BLOCK, RELAYED)  # the child resets them before unblocking
     pid = os.fork()
     if pid == 0:
         os.close(r)
-        _exec(launch, w)
+        _exec(launch, w, search)
     _child = pid
     signal.pthread_sigmask(signal.SIG_UNBLOCK, RELAYED)
     os.close(w)
