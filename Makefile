@@ -1,5 +1,8 @@
 # Two commands do all set-up on a fresh machine: `make run` and `make test`.
-PY ?= python3
+# The platform's Python is also its tenants' (a job's `python` is the platform's), so it must be
+# one their own Unix users can run: a pyenv under /root (0700) is not. The system's Python 3.11
+# is taken where it has venv, else the first python3 on PATH.
+PY ?= $(firstword $(foreach p,/usr/bin/python3.11 python3,$(shell $(p) -c 'import venv, ensurepip' 2>/dev/null && echo $(p))))
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed

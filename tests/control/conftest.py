@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from plinth_platform import Platform
+from plinth_platform import Platform, reachable
 
 from plinth.core.net import free_port
 
@@ -65,6 +65,13 @@ def platform(tmp_path) -> Iterator[Platform]:
     yield p
     p.stop()
     p.kill_jobs()
+
+
+@pytest.fixture
+def tmp_path(tmp_path: Path) -> Path:
+    """The test's folder, one its platform's jobs can use: as root they run as their tenants'
+    users (see plinth_platform.reachable)."""
+    return reachable(tmp_path)
 
 
 @pytest.fixture(scope="module")

@@ -4,9 +4,13 @@ so that tests import it by a name no other test folder uses."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import subprocess
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 from plinth.core.net import free_port
@@ -16,7 +20,18 @@ class Platform:
     """A control plane running as a real process (`plinth up`) on 127.0.0.1."""
 
     def __init__(self, home: Path, *extra: str, fake_gpus: str | None = "4xA100") -> None:
-        """`fake_gpus`: its --fake-gpus; None for a runtime with GPUs of its own (Ray)."""
+        """`fake_gpus`: its --fake-gpus; None for a runtime with GPUs of its own (Ray). As
+        root, tenants' jobs (the admin's `default` among them) run as their own users, so
+        their folders go under a --jobs-dir they can reach (pytest's folders are root's
+        alone): one of the test's own unless it names one."""
+        if "--jobs-dir" in extra:
+            self.jobs_dir = Path(extra[extra.index("--jobs-dir") + 1])
+        elif os.geteuid() == 0:
+            self.jobs_dir = Path(tempfile.mkdtemp(prefix="plinth-jobs-"))
+            self.jobs_dir.chmod(0o755)
+            extra = (*extra, "--jobs-dir", str(self.jobs_dir))
+        else:  # not root: tenants share the server's user, and this folder is not used
+            self.jobs_dir = home.with_name(home.name + "-jobs")
         self.home, self.extra = home, extra
         self.fake_gpus = fake_gpus
         self.port = free_port()
@@ -64,7 +79,9 @@ class Platform:
     def kill_jobs(self) -> None:
         from plinth.cli.quickstart import kill_jobs
 
-        kill_jobs(self.home)
+        kill_jobs(self.home, self.jobs_dir)
+        if self.jobs_dir.name.startswith("plinth-jobs-"):  # made here
+            shutil.rmtree(self.jobs_dir, ignore_errors=True)
 
 
 def self_signed(folder: Path) -> tuple[Path, Path]:
@@ -127,3 +144,69 @@ def run_cli(platform: Platform, *args: str, token: str | None = None, columns: i
            "PLINTH_TOKEN": token or platform.token, **(env or {})}
     return subprocess.run([sys.executable, "-m", "plinth.cli.main", *args], check=False,
                           capture_output=True, text=True, timeout=120, env=env)
+
+
+def with_shims(procs: list) -> list:
+    """`procs` (a job's processes, found by their environment) and the runtime's shims that
+    run them: killed together, as a lost node would be, they leave no exit code (lost), where
+    the command alone killed is a job that failed with 137."""
+    import psutil
+
+    out = list(procs)
+    for p in procs:
+        try:
+            parent = p.parent()
+            if parent is not None and any(a.endswith("runtime/shim.py")
+                                          for a in parent.cmdline()):
+                out.append(parent)
+        except psutil.Error:
+            pass
+    return out
+
+
+def reachable(path: Path) -> Path:
+    """`path`, made a folder tenants' jobs can use. As root, every tenant's jobs (the admin's
+    `default` among them) run as its own Unix user, and pytest's folders are root's alone
+    (0700): `path` becomes 1777 (as /tmp) and each folder above it passable (o+x). Nothing
+    changes when not root, where jobs run as the test's own user."""
+    if os.geteuid() == 0:
+        path.chmod(0o1777)
+        for p in path.parents:
+            mode = p.stat().st_mode
+            if not mode & 0o001:
+                p.chmod((mode & 0o7777) | 0o001)
+    return path
+
+
+def tenants_own(path: Path, tenant: str = "default") -> Path:
+    """`path`, made the tenant's own file, as it would be had the tenant written it: as root,
+    its jobs run as its own Unix user, who must read what the test wrote for them (a tokens
+    file, 0600). Nothing changes when not root."""
+    if os.geteuid() == 0:
+        from plinth.control.users import ensure_user
+
+        user = ensure_user(tenant)
+        os.chown(path, user.uid, user.gid)
+    return path
+
+
+@contextlib.contextmanager
+def tenant_platform(*tenants: str, extra: tuple[str, ...] = ()) -> Iterator[Platform]:
+    """A control plane in a folder of its own that tenants' users can pass through (`p.root`;
+    its --jobs-dir is `p.root / "jobs"`), with `tenants` and a token for each (`p.tokens`): as
+    root, each tenant's jobs run as its own Unix user. Stopped, its jobs killed and its folder
+    removed afterwards."""
+    root = Path(tempfile.mkdtemp(prefix="plinth-tenants-"))
+    root.chmod(0o755)  # /tmp/pytest-of-root is 0700: no tenant's user could reach it
+    p = Platform(root / "home", "--jobs-dir", str(root / "jobs"), *extra).start()
+    p.root = root
+    try:
+        with p.client() as admin:
+            for t in tenants:
+                admin.set_tenant(t)
+            p.tokens = {t: admin.add_token(t) for t in tenants}
+        yield p
+    finally:
+        p.stop()
+        p.kill_jobs()
+        shutil.rmtree(root, ignore_errors=True)

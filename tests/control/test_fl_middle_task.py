@@ -7,6 +7,7 @@ flat run."""
 from __future__ import annotations
 
 import re
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,12 +16,13 @@ from types import SimpleNamespace
 import psutil
 import pytest
 import yaml
-from plinth_platform import Platform
+from plinth_platform import Platform, with_shims
 from plinth_platform import run_cli as cli
 from test_fl_tasks import app, start_client, task_platform
 from test_fl_tree_task import jobs_dir
 
 from plinth.control.kinds import Observed, Workload, reconcile
+from plinth.control.tenantfs import handout
 from plinth.core.errors import SpecError
 from plinth.core.spec import load_spec
 from plinth.fl.app import parse_app
@@ -84,8 +86,9 @@ def run_middle_task(tmp_path: Path, wait_for, *extra: str, fake_gpus: str | None
         if kill:
             wait_for(lambda: c.workload("digits-fl")["status"]["round"] >= 2, 180, "2 rounds")
             (unit,) = [u for u in c.workload("digits-fl")["units"] if u["unit"] == "middle-1"]
-            victims = [x for x in psutil.process_iter(["environ"]) if (x.info["environ"] or {})
-                       .get("PLINTH_JOB_ID") == str(unit["job_id"])]
+            victims = with_shims([x for x in psutil.process_iter(["environ"])
+                                  if (x.info["environ"] or {}).get("PLINTH_JOB_ID")
+                                  == str(unit["job_id"])])
             assert victims, unit
             for x in victims:
                 x.kill()
@@ -168,7 +171,9 @@ def test_after_the_last_round_no_unit_that_ended_is_started_again(tmp_path):
     spec.write_text(yaml.safe_dump(doc))
     (folder := tmp_path / "w").mkdir()
     ctl = FLTaskController()
-    ctl.bind(SimpleNamespace(workload_dir=lambda wid, tenant: folder))
+    ctl.bind(SimpleNamespace(workload_dir=lambda wid, tenant: folder / f"workload-{wid}",
+                             workload_files=lambda wid, tenant: handout(
+                                 None, folder, tenant, os.getegid(), f"workload-{wid}")))
     w = Workload(1, "FLTask", "digits-fl", "default", load_spec(spec))
     ctl.started(w)
     node = {"server": "a", "middle-0": "a", "middle-1": "b"}

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import psutil
 import yaml
-from plinth_platform import Platform
+from plinth_platform import Platform, reachable, tenants_own, with_shims
 from plinth_platform import run_cli as cli
 
 APPS = Path(__file__).parents[1] / "fl" / "apps"
@@ -24,7 +24,9 @@ ROUNDS = 40
 
 
 def app(tmp_path: Path, clients: int = 2, **extra) -> Path:
-    """The tiny digits app as an FLTask for `clients` clients, with their tokens."""
+    """The tiny digits app as an FLTask for `clients` clients, with their tokens, in a folder
+    the task's units (its tenant's user, as root) can read."""
+    reachable(tmp_path)
     doc = yaml.safe_load((APPS / "tiny.yaml").read_text())
     doc |= {"kind": "FLTask", "name": "digits-fl", "code": str(APPS / "tiny.py"),
             "resources": {"cpus": 0.5, "memory": "2Gi"}}
@@ -37,6 +39,7 @@ def app(tmp_path: Path, clients: int = 2, **extra) -> Path:
     subprocess.run([sys.executable, "-m", "plinth.cli.main", "fl", "tokens",
                     str(tmp_path / "tokens.txt"), "--clients", str(clients)], check=True,
                    capture_output=True)
+    tenants_own(tmp_path / "tokens.txt")  # the task's server reads it as the tenant's user
     return p
 
 
@@ -70,7 +73,8 @@ def task_platform(tmp_path: Path, spec: Path, *extra: str, clients: int = 2,
         for i, proc in enumerate(procs):
             if proc.poll() is None:
                 proc.kill()
-            err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
+            err = proc.stderr.read() if proc.stderr else ""
+            err = err.decode(errors="replace") if isinstance(err, bytes) else err  # text mode
             print(f"client process {i}: exit {proc.wait()}; stderr: {err[-2000:]}")
         raise
     finally:
@@ -81,11 +85,13 @@ def task_platform(tmp_path: Path, spec: Path, *extra: str, clients: int = 2,
         p.kill_jobs()
 
 
-def server_procs(home: Path) -> list[psutil.Process]:
-    return [p for p in psutil.process_iter(["cmdline", "environ"])
-            if "server" in (p.info.get("cmdline") or []) and "fl" in (p.info.get("cmdline") or [])
-            and (p.info.get("environ") or {}).get("PLINTH_CHECKPOINT_DIR", "").startswith(
-                str(home))]
+def server_procs(p: Platform) -> list[psutil.Process]:
+    """The task's server and the shim that runs it."""
+    return with_shims([
+        x for x in psutil.process_iter(["cmdline", "environ"])
+        if "server" in (x.info.get("cmdline") or []) and "fl" in (x.info.get("cmdline") or [])
+        and (x.info.get("environ") or {}).get("PLINTH_CHECKPOINT_DIR", "").startswith(
+            str(p.jobs_dir))])
 
 
 def committed_round(folder: Path) -> int:
@@ -107,7 +113,7 @@ def test_an_fl_task_survives_its_control_plane_and_server_being_killed(tmp_path,
         # Read from the server's own round log, not the status (refreshed each second): the
         # tiny app's rounds are fast enough that, on a loaded machine, the task once ended
         # between the status showing round 2 and the clients being paused.
-        wait_for(lambda: committed_round(tmp_path) >= 2, 180, "two rounds")
+        wait_for(lambda: committed_round(p.jobs_dir) >= 2, 180, "two rounds")
         # The clients are paused until the server has been killed, so the kills land mid-task
         # however fast the rounds run (on CI the task once finished during the restart).
         paused = [psutil.Process(proc.pid) for proc in clients]
@@ -121,7 +127,7 @@ def test_an_fl_task_survives_its_control_plane_and_server_being_killed(tmp_path,
         assert "re-adopted" in [e["kind"] for e in c.job(unit["job_id"])["events"]]
         # kill -9 of the server: it is lost and started again, resuming from its last round.
         at = c.workload("digits-fl")["status"]["round"]
-        victims = server_procs(p.home)  # the server (and, as root, the setpriv that runs it)
+        victims = server_procs(p)
         assert victims
         for proc in victims:
             proc.kill()

@@ -58,8 +58,8 @@ def unread_bytes(local_port: int) -> int:
 
 
 def jobs_dir(p: Platform) -> Path:
-    """Where the platform's tenants' jobs and workloads keep their files (PLINTH_HOME-jobs)."""
-    return p.home.with_name(p.home.name + "-jobs")
+    """Where the platform's tenants' jobs and workloads keep their files (--jobs-dir)."""
+    return p.jobs_dir
 
 
 @pytest.mark.slow

@@ -174,3 +174,98 @@ def test_holds_survive_a_restart(platform, wait_for) -> None:
         c.cancel(blocker)
         assert c.wait(held, timeout=30) == "cancelled"
         assert "never satisfied" in c.job(held)["reason"]
+
+
+def test_a_step_after_one_task_ends_looks_at_one_held_job_not_all() -> None:
+    """`array: 0-9999%1` (issue 36): a step costs what changed. When one task ends, the next
+    one goes and that is all the release looks at; a step where nothing held could change
+    looks at nothing."""
+    holds = Holds()
+    spec = JobSpec(command=["true"], array="0-9999%1", array_id=1, after=[99_999])
+    for i in range(10_000):
+        holds.hold(Job(1 + i, 0.0, 1.0, spec.request()), spec)
+    asked: list[int] = []
+
+    def state_of(job_id: int) -> tuple[State, bool]:
+        asked.append(job_id)
+        return State.RUNNING, True  # `after` it: met
+
+    go, _ = holds.release(state_of)
+    assert [j.id for j, _ in go] == [1] and len(holds.jobs) == 9_999
+    for task in range(1, 50):
+        asked.clear()
+        holds.ended(task, spec)
+        go, never = holds.release(state_of)
+        assert [j.id for j, _ in go] == [task + 1] and never == []
+        assert asked == [] and holds.examined == 1  # not 9,999 held jobs each step
+    holds.ended(424242, None)  # another tenant's job ends: nothing held waits on it
+    assert not holds.dirty
+    assert holds.reasons[9_000] == "held: array 1 runs at most 1 tasks at a time"
+
+
+def test_only_the_jobs_waiting_on_a_job_that_changed_are_looked_at() -> None:
+    holds = Holds()
+    for i in range(1_000):
+        spec = JobSpec(command=["true"], afterok=[5_000 + i])
+        holds.hold(Job(10_000 + i, 0.0, 1.0, spec.request()), spec)
+    asked: list[int] = []
+    states = {5_000 + i: (State.RUNNING, True) for i in range(1_000)}
+
+    def state_of(job_id: int) -> tuple[State, bool] | None:
+        asked.append(job_id)
+        return states[job_id]
+
+    assert holds.release(state_of) == ([], []) and len(asked) == 1_000
+    assert holds.reasons[10_007] == "held: dependency afterok:5007 (running)"
+    asked.clear()
+    states[5_007] = (State.SUCCEEDED, True)
+    holds.ended(5_007, None)
+    go, never = holds.release(state_of)
+    assert [j.id for j, _ in go] == [10_007] and never == [] and asked == [5_007]
+
+
+def test_a_waiting_reason_follows_its_dependency_without_looking_at_the_job() -> None:
+    holds = Holds()
+    spec = JobSpec(command=["true"], afterok=[7], afterany=[8])
+    holds.hold(Job(20, 0.0, 1.0, spec.request()), spec)
+    assert holds.reasons[20] == "held: waiting for its turn"
+    states = {7: (State.PENDING, False), 8: (State.RUNNING, True)}
+    holds.release(states.get)
+    assert holds.reasons[20] == "held: dependency afterany:8 (running), afterok:7 (pending)"
+    states[7] = (State.RUNNING, True)
+    holds.changed(7)
+    assert holds.release(states.get) == ([], []) and holds.examined == 0
+    assert holds.reasons[20] == "held: dependency afterany:8 (running), afterok:7 (running)"
+
+
+def test_a_dependency_that_can_never_be_met_is_named_in_the_specs_order() -> None:
+    holds = Holds()
+    spec = JobSpec(command=["true"], afterok=[7, 8])
+    holds.hold(Job(20, 0.0, 1.0, spec.request()), spec)
+    states = {7: (State.RUNNING, True), 8: (State.RUNNING, True)}
+    holds.release(states.get)
+    states[7] = states[8] = (State.FAILED, True)
+    holds.ended(8, None)  # told of 8 first; 7 comes first in the spec
+    holds.ended(7, None)
+    why = "dependency never satisfied: afterok:7 (job 7 ended failed)"
+    assert holds.release(states.get) == ([], [(20, why)])
+    assert not holds.jobs and not holds.waiters
+
+
+def test_an_array_waiting_on_a_dependency_then_goes_at_its_throttle() -> None:
+    holds = Holds()
+    spec = JobSpec(command=["true"], array="0-3%2", array_id=30, afterok=[9])
+    for i in range(4):
+        holds.hold(Job(30 + i, 0.0, 1.0, spec.request()), spec)
+    states = {9: (State.RUNNING, True)}
+    assert holds.release(states.get) == ([], [])
+    assert holds.reasons[32] == "held: dependency afterok:9 (running)"
+    states[9] = (State.SUCCEEDED, True)
+    holds.ended(9, None)
+    assert [j.id for j, _ in holds.release(states.get)[0]] == [30, 31]
+    assert holds.reasons[33] == "held: array 30 runs at most 2 tasks at a time"
+    for task in (32, 33):  # cancelled while held: nothing of the array is left behind
+        holds.ended(task, spec)
+    holds.ended(30, spec)
+    holds.ended(31, spec)
+    assert holds.release(states.get) == ([], []) and not holds.arrays and not holds.jobs

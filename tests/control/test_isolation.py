@@ -19,7 +19,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from plinth_platform import Platform, run_cli
+from plinth_platform import run_cli, tenant_platform
 
 from plinth.core.net import free_port
 
@@ -67,20 +67,10 @@ print("PROBES=" + json.dumps(out), flush=True)
 @pytest.fixture(scope="module")
 def iso(tmp_path_factory):
     """A root control plane with a traversable jobs directory, and two tenants."""
-    root = Path(tempfile.mkdtemp(prefix="plinth-iso-"))
-    root.chmod(0o755)  # /tmp/pytest-of-root is 0700: no tenant user could reach it
-    (root / "attack.py").write_text(ATTACK)
-    (root / "attack.py").chmod(0o644)
-    p = Platform(root / "home", "--jobs-dir", str(root / "jobs")).start()
-    p.root = root
-    with p.client() as admin:
-        admin.set_tenant("victim")
-        admin.set_tenant("research")
-        p.tokens = {t: admin.add_token(t) for t in ("victim", "research")}
-    yield p
-    p.stop()
-    p.kill_jobs()
-    shutil.rmtree(root, ignore_errors=True)
+    with tenant_platform("victim", "research") as p:
+        (p.root / "attack.py").write_text(ATTACK)
+        (p.root / "attack.py").chmod(0o644)
+        yield p
 
 
 def _victim(iso, wait_for) -> tuple[int, int]:
@@ -120,11 +110,15 @@ def test_every_escape_fails_for_another_tenant(iso, wait_for) -> None:
     assert psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     with iso.client() as admin:
         assert admin.job(victim)["state"] == "running"
-        # the same probes as the admin's tenant (the server's user) do get through: they work
-        control = _attack(iso, iso.token, victim, pid, kill=False)
-        assert control["token"].startswith("OPEN") and control["other-log"].startswith("OPEN")
-        assert "hunter2" in control["other-environ"] or control["other-environ"].startswith(
-            "OPEN")
+        # The same probes as the victim's own tenant do get through where they should: they
+        # work. The admin's tenant is no exception to the rest: it does not run as root.
+        control = _attack(iso, iso.tokens["victim"], victim, pid, kill=False)
+        assert control["other-checkpoint"].startswith("OPEN")
+        assert control["other-environ"].startswith("OPEN")
+        assert control["token"] == control["store"] == "denied"
+        assert _attack(iso, iso.token, victim, pid, kill=False) == {
+            k: "denied" for k in ("token", "token-via-checkpoint-dir", "store", "other-log",
+                                  "other-checkpoint", "other-environ")}
         admin.cancel(victim)
 
 

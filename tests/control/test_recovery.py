@@ -9,6 +9,7 @@ import time
 from contextlib import closing
 
 import psutil
+from plinth_platform import with_shims
 
 
 def spec(command: str, gpus: int = 1, name: str = "t") -> dict:
@@ -52,21 +53,22 @@ def test_sigkill_restart_readopts_and_keeps_the_queue(platform, wait_for, tmp_pa
         assert "queued-ran" in c.logs(queued)
 
 
-def _job_processes(home, job_id: int) -> list[psutil.Process]:
-    """This platform's processes for the job: other test runs on the machine have jobs with
-    the same small ids, so the platform's home (in the checkpoint path) must match too."""
+def _job_processes(platform, job_id: int) -> list[psutil.Process]:
+    """This platform's processes for the job, and their shims: other test runs on the machine
+    have jobs with the same small ids, so the platform's jobs folder (in the checkpoint path)
+    must match too."""
     found = []
     for p in psutil.process_iter(["environ"]):
         env = p.info.get("environ") or {}
         if (env.get("PLINTH_JOB_ID") == str(job_id)
-                and env.get("PLINTH_CHECKPOINT_DIR", "").startswith(str(home))):
+                and env.get("PLINTH_CHECKPOINT_DIR", "").startswith(str(platform.jobs_dir))):
             found.append(p)
-    return found
+    return with_shims(found)
 
 
-def _running_sleep(home, job_id: int) -> list[psutil.Process]:
+def _running_sleep(platform, job_id: int) -> list[psutil.Process]:
     """The job's processes once its command, `sleep`, runs among them (else none)."""
-    procs = _job_processes(home, job_id)
+    procs = _job_processes(platform, job_id)
     try:
         return procs if any(p.name() == "sleep" for p in procs) else []
     except psutil.NoSuchProcess:  # a launcher step that has just exec'd or exited
@@ -77,7 +79,7 @@ def test_job_lost_while_down_is_requeued(platform, wait_for) -> None:
     with platform.client() as c:
         j = c.submit(spec("sleep 60", name="victim"))
         wait_for(lambda: c.job(j)["state"] == "running", what="running")
-        procs = wait_for(lambda: _job_processes(platform.home, j), what="the job's processes")
+        procs = wait_for(lambda: _job_processes(platform, j), what="the job's processes")
     platform.stop(signal.SIGKILL)
     for p in procs:  # the node "crashes" under the job too: no exit code is left behind
         try:
@@ -102,7 +104,7 @@ def test_a_launch_killed_before_it_was_stored_is_readopted(platform, wait_for) -
         j = c.submit(spec("sleep 60", name="unrecorded"))
         wait_for(lambda: platform.launched(j), what="launched")
         # All of them: the launcher forks on its way to `sleep`, so an early look sees fewer.
-        procs = wait_for(lambda: _running_sleep(platform.home, j), what="the job's processes")
+        procs = wait_for(lambda: _running_sleep(platform, j), what="the job's processes")
     platform.stop(signal.SIGKILL)
     with closing(sqlite3.connect(platform.home / "plinth.db")) as db, db:
         db.execute("UPDATE jobs SET handle = NULL WHERE id = ?", (j,))
@@ -111,6 +113,6 @@ def test_a_launch_killed_before_it_was_stored_is_readopted(platform, wait_for) -
     with platform.client() as c:
         kinds = [e["kind"] for e in c.job(j)["events"]]
         assert kinds == ["submitted", "started", "re-adopted"] and c.job(j)["attempt"] == 1, kinds
-        assert {p.pid for p in _job_processes(platform.home, j)} == {p.pid for p in procs}
+        assert {p.pid for p in _job_processes(platform, j)} == {p.pid for p in procs}
         c.cancel(j)
         assert c.wait(j, timeout=30) == "cancelled"

@@ -125,5 +125,5 @@ def test_jobs_get_a_clean_environment(tls_platform) -> None:
     assert env["MINE"] == "1" and env["PLINTH_JOB_ID"] == str(j) and "PATH" in env
     allowed = {"PATH", "HOME", "LANG", "MINE", "PYTHONUNBUFFERED", "CUDA_VISIBLE_DEVICES",
                "MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK",
-               "LOCAL_WORLD_SIZE"}
+               "LOCAL_WORLD_SIZE", "USER", "LOGNAME"}  # the last two: its tenant's user
     assert {k for k in env if not k.startswith("PLINTH_")} <= allowed | {"PWD", "SHLVL", "_"}

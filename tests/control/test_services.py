@@ -24,12 +24,12 @@ EXAMPLE = Path(__file__).parents[2] / "examples" / "serve" / "service.yaml"
 IMAGE = json.dumps({"inputs": [[[[0.0] * 28] * 28]]})
 
 
-def replica_procs(home: Path, unit: str) -> list[psutil.Process]:
+def replica_procs(jobs_dir: Path, unit: str) -> list[psutil.Process]:
     out = []
     for p in psutil.process_iter(["cmdline", "environ"]):
         cmd, env = p.info.get("cmdline") or [], p.info.get("environ") or {}
         if "plinth.serve.replica" in cmd and unit in cmd and \
-                env.get("PLINTH_CHECKPOINT_DIR", "").startswith(str(home)):
+                env.get("PLINTH_CHECKPOINT_DIR", "").startswith(str(jobs_dir)):
             out.append(p)
     return out
 
@@ -71,7 +71,7 @@ def test_a_service_scales_survives_replica_and_control_plane_kills(serving, tmp_
                    for j in c.jobs())
         # Kill a replica: it is replaced by a new job of the same unit; requests it held are
         # sent to the other replica.
-        (victim,) = replica_procs(serving.home, "replica-1")[-1:]
+        (victim,) = replica_procs(serving.jobs_dir, "replica-1")[-1:]
         old_job = next(u["job_id"] for u in status(c)["units"] if u["unit"] == "replica-1")
         victim.send_signal(signal.SIGKILL)
         wait_for(lambda: next(u for u in status(c)["units"] if u["unit"] == "replica-1")

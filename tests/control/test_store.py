@@ -89,3 +89,26 @@ def test_transition_table_is_closed() -> None:
 def test_bad_db_url_is_one_line() -> None:
     with pytest.raises(PlinthError, match="--db"):
         Store("nosuchdialect://x")
+
+
+def test_many_transitions_are_one_transaction_in_order(store: Store) -> None:
+    from plinth.control.store import Transition
+
+    store.put_tenant("default", None, None)
+    ids = store.insert_jobs([(_row(f"t{i}"), 1.0, "") for i in range(300)], array=True)
+    cancel = [Transition(j, State.PENDING, State.CANCELLED, 2.0, "cancelled", "by the user",
+                         {"end_time": 2.0, "reason": "cancelled"}) for j in ids[1:]]
+    # a job's moves in a row keep their order, across runs of like moves
+    first = [Transition(ids[0], State.PENDING, State.RUNNING, 2.0, "started", "", {"attempt": 1}),
+             Transition(ids[0], State.RUNNING, State.PENDING, 2.5, "preempted"),
+             Transition(ids[0], State.PENDING, State.RUNNING, 3.0, "started", "",
+                        {"attempt": 2})]
+    store.transitions([*first, *cancel])
+    assert store.array_summary(ids[0]) == ({State.RUNNING, State.CANCELLED}, True)
+    assert store.job(ids[7])["reason"] == "cancelled" and store.job(ids[0])["attempt"] == 2
+    assert [e["kind"] for e in store.events(ids[0])] == ["submitted", "started", "preempted",
+                                                         "started"]
+    with pytest.raises(PlinthError, match="does not hold all 2 as pending"):
+        store.transitions([Transition(j, State.PENDING, State.CANCELLED, 4.0, "cancelled")
+                           for j in (ids[0], ids[1])])
+    assert store.job(ids[0])["state"] == "running"  # none of them

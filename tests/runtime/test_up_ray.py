@@ -18,6 +18,7 @@ from ray_cluster import HEAD, WORKER
 sys.path.insert(0, str(Path(__file__).parents[1] / "control"))  # the FL task tests' helpers
 from test_fl_middle_task import run_middle_task
 from test_fl_tasks import run_tree_task
+from plinth_platform import reachable
 
 from plinth.cli.quickstart import kill_jobs, start_server, stop_server
 from plinth.client import Client
@@ -29,7 +30,7 @@ pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.xdist_group("ray")]
 @pytest.fixture
 def up(ray_cluster, tmp_path):
     """`plinth up --runtime ray` on tmp_path/home: (url, token, servers started, start)."""
-    home, port = tmp_path / "home", free_port()
+    home, port = reachable(tmp_path) / "home", free_port()
     procs: list[subprocess.Popen] = []
 
     def start() -> None:

@@ -34,7 +34,11 @@ from plinth.tune.models import tiny_linear
 
 TESTS = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(TESTS / "control")]
-from plinth_platform import Platform, run_cli  # a real `plinth up`, and the CLI against it
+from plinth_platform import (  # a real `plinth up`, and the CLI against it
+    Platform,
+    reachable,
+    run_cli,
+)
 
 MODEL = "plinth.tune.models:tiny_linear"
 EXAMPLE = TESTS.parent / "examples" / "serve" / "tuned.yaml"
@@ -94,6 +98,11 @@ def _tune(work: Path) -> Tuned:
         p.kill_jobs()
 
 
+@pytest.fixture
+def tmp_path(tmp_path: Path) -> Path:
+    return reachable(tmp_path)  # as root, the platform's jobs run as its tenants' users
+
+
 @pytest.fixture(scope="module")
 def tuned(tmp_path_factory) -> Tuned:
     """tiny_linear at input [1, 64], tuned at shares 1 and 2 with two trials each, by a Tune
@@ -105,6 +114,7 @@ def tuned(tmp_path_factory) -> Tuned:
     with FileLock(str(root / "tuned.lock")):
         if not done.exists():
             work.mkdir(exist_ok=True)
+            reachable(work)  # the Tune workload's units write the database there
             t = _tune(work)
             done.write_text(json.dumps({"workload": t.workload, "show": t.show, "ls": t.ls}))
     got = json.loads(done.read_text())

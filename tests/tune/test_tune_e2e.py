@@ -32,6 +32,9 @@ def _kill_unit(home, workload_id: int, unit: str) -> int:
     ckpt = str(home / "checkpoints" / f"workload-{workload_id}" / unit)
     victims = [p for p in psutil.process_iter(["environ"])
                if (p.info.get("environ") or {}).get("PLINTH_CHECKPOINT_DIR") == ckpt]
+    # and the shims that run them (the shim does not carry the job's environment)
+    victims += [p.parent() for p in victims
+                if p.parent() and "shim.py" in " ".join(p.parent().cmdline())]
     for p in victims:
         try:
             os.kill(p.pid, signal.SIGKILL)

@@ -8,12 +8,16 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from plinth.core.net import free_port
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "control"))
+from plinth_platform import reachable  # noqa: E402 -- tenants' jobs must reach its folders
 
 RESULTS = Path(os.environ.get("PLINTH_RESULTS", "results")) / "ui"
 
@@ -43,7 +47,7 @@ class Platform:
 
 @pytest.fixture(scope="module")
 def platform(tmp_path_factory) -> Iterator[Platform]:
-    p = Platform(tmp_path_factory.mktemp("ui") / "home")
+    p = Platform(reachable(tmp_path_factory.mktemp("ui")) / "home")
     yield p
     p.close()
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from plinth_platform import reachable, tenants_own  # (tests/control, put on the path by conftest)
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions as EC
 from selenium.webdriver.support.ui import WebDriverWait
@@ -452,8 +453,10 @@ def test_fl_page_shows_a_live_task_to_its_tenant_only(platform, world, browser, 
     doc["privacy"] = {"local_dp": {"noise_multiplier": 1.0, "epsilon_budget": 1000}}
     app = tmp_path / "app.yaml"
     app.write_text(yaml.safe_dump(doc))
-    # The admin's tenant runs as the server's user, who can read the tokens file made here (a
-    # tenant of its own Unix user could not: the file is 0600).
+    # As root, the admin's tenant runs as its own Unix user, who must read the tokens file
+    # made here (0600), as it would had it written it itself.
+    tenants_own(tokens)
+    reachable(tmp_path)
     with platform.client() as a:
         task = a.submit_workload(app)
         # its server, then the tree's leaf units beside it

@@ -69,6 +69,8 @@ def up(
     serve_minute: Annotated[float, typer.Option(help="Wall seconds per minute of arrivals "
                                                      "history (less replays traces "
                                                      "faster).")] = 60.0,
+    log_limit: Annotated[int, typer.Option(help="MiB a job's log may grow to; then it says it "
+                                                "was cut (0: no limit).")] = 256,
 ) -> None:
     """Start the control plane: store, local runtime, scheduler and REST API (foreground)."""
     from plinth.control.server import ServerConfig, serve
@@ -79,7 +81,8 @@ def up(
                        min_runtime_s=min_runtime, round_s=round_s, max_body_bytes=max_body,
                        tls_cert=tls_cert, tls_key=tls_key, jobs_dir=jobs_dir,
                        serve_port=serve_port, serve_policy=serve_policy,
-                       serve_tick_s=serve_tick, serve_minute_s=serve_minute)
+                       serve_tick_s=serve_tick, serve_minute_s=serve_minute,
+                       log_limit_mib=log_limit)
     serve(cfg, announce=lambda s: console.print(s, highlight=False, soft_wrap=True))
 
 

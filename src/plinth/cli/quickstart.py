@@ -4,6 +4,7 @@ and a tuning task), watch them run and finish, then stop the platform."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import subprocess
@@ -67,14 +68,18 @@ def stop_server(proc: subprocess.Popen, sig: int = signal.SIGTERM) -> None:
             proc.wait()
 
 
-def kill_jobs(home: Path) -> None:
-    """Kill the jobs of the platform whose state is in `home`. Jobs outlive their control plane
-    by design (a restart adopts them); tests and benchmarks must not leave theirs behind."""
+def kill_jobs(home: Path, jobs_dir: Path | None = None) -> None:
+    """Kill the jobs of the platform whose state is in `home` (their folders in `home`, its
+    `-jobs` sibling or `jobs_dir`), and the shims that run them. Jobs outlive their control
+    plane by design (a restart adopts them); tests and benchmarks must not leave theirs
+    behind."""
     import psutil
 
-    for proc in psutil.process_iter(["environ"]):
-        env = proc.info.get("environ") or {}
-        if env.get("PLINTH_CHECKPOINT_DIR", "").startswith(str(home)):
+    roots = (str(home), *([str(jobs_dir)] if jobs_dir is not None else []))
+    for proc in psutil.process_iter(["environ", "cmdline"]):
+        env, cmd = proc.info.get("environ") or {}, proc.info.get("cmdline") or []
+        shim = len(cmd) > 3 and cmd[2].endswith("runtime/shim.py") and cmd[-1].startswith(roots)
+        if shim or env.get("PLINTH_CHECKPOINT_DIR", "").startswith(roots):
             try:
                 proc.kill()
             except psutil.Error:
@@ -94,7 +99,8 @@ def quickstart(
     from plinth.runtime.gpu import discover_gpus
 
     shutil.rmtree(home, ignore_errors=True)
-    shutil.rmtree(home.with_name(home.name + "-jobs"), ignore_errors=True)  # as root: theirs
+    for other in ("-jobs", "-files"):  # as root: the tenants' folders, and what it hands them
+        shutil.rmtree(home.with_name(home.name + other), ignore_errors=True)
     home.mkdir(parents=True)
     extra = [] if discover_gpus() else ["--fake-gpus", fake_gpus or "4xA100"]
     port = free_port()
@@ -191,7 +197,8 @@ def submit_fl_task(c: Client, home: Path) -> tuple[dict, list[threading.Thread]]
 
     spec = load_spec(FL_TASK)
     n = spec.data.clients
-    tokens = write_tokens(home / "fl-tokens.txt", [str(i) for i in range(n)]).resolve()
+    tokens = write_tokens(handed(home) / "fl-tokens.txt", [str(i) for i in range(n)])
+    _give(c, tokens)
     spec = spec.model_copy(update={"transport": spec.transport.model_copy(
         update={"tokens": str(tokens)})})
     task = c.submit_workload(spec, base=FL_TASK.parent)
@@ -206,12 +213,35 @@ def submit_fl_task(c: Client, home: Path) -> tuple[dict, list[threading.Thread]]
 
 
 
+def handed(home: Path) -> Path:
+    """The folder, next to `home`, of what this run hands the `default` tenant's units (the FL
+    clients' tokens, the tuning database). Not `home` itself: as root, the units run as the
+    tenant's own user, who cannot enter the server's home (0700)."""
+    d = home.resolve().with_name(home.name + "-files")
+    d.mkdir(mode=0o755, exist_ok=True)
+    return d
+
+
+def _give(c: Client, path: Path) -> None:
+    """Hand `path` to the `default` tenant's Unix user, as that tenant would have made it
+    itself (a root control plane runs its units as that user); nothing when there is none."""
+    import pwd
+
+    user = next((t["user"] for t in c.tenants() if t["name"] == "default"), None)
+    if user is not None:
+        p = pwd.getpwnam(user)
+        os.chown(path, p.pw_uid, p.pw_gid)
+
+
 def submit_tune(c: Client, home: Path) -> dict:
     """Submit the example Tune task at its first share only, with 4 trials, its database in
     `home` (the whole example tunes at two shares: `plinth submit examples/tune/tiny.yaml`)."""
     from plinth.core.spec import load_spec
 
     spec = load_spec(TUNE)
+    db = handed(home) / "tune-db"
+    db.mkdir()
+    _give(c, db)
     spec = spec.model_copy(update={"shares": spec.shares[:1], "trials": 4, "trials_per_iter": 4,
-                                   "builder": "inline", "db": str(home.resolve() / "tune-db")})
+                                   "builder": "inline", "db": str(db)})
     return c.submit_workload(spec, base=TUNE.parent)

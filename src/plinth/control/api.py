@@ -7,6 +7,7 @@ not exist, so that ids do not leak what others run.
 # No `from __future__ import annotations`: FastAPI reads the route annotations at runtime.
 
 import asyncio
+import os
 import re
 import time
 from typing import Annotated, Any
@@ -15,7 +16,7 @@ from fastapi import Depends, FastAPI, HTTPException, Path, Query, Request, Respo
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 import plinth
 from plinth.control.auth import Auth, Principal, check_tenant_name
@@ -27,6 +28,7 @@ from plinth.control.store import TOKEN_ID_CHARS, digest
 from plinth.core.errors import PlinthError, SpecError, UnplaceableError
 from plinth.core.spec import errors_message, spec_from_dict
 from plinth.sched.lifecycle import TERMINAL, State
+from plinth.sched.quota import MAX_QUOTA_GPUS
 
 LOG_CHUNK = 1 << 20
 MAX_ID = 2**63 - 1  # SQL BIGINT
@@ -38,10 +40,25 @@ class ErrorOut(BaseModel):
 
 
 ERRORS: dict = {code: {"model": ErrorOut, "description": what} for code, what in (
+    (400, ("a body that cannot be parsed, or a request the control plane could not carry "
+           "out; `detail` says why")),
     (401, "missing or unknown API token"), (403, "not allowed for this token"),
-    (404, "no such job or tenant (or another tenant's)"), (409, "conflicts with the job's state"),
+    (404, "no such job, workload, tenant or token (or another tenant's)"),
+    (409, "conflicts with the job's state"),
+    (411, "a request body that does not declare its length (Content-Length)"),
     (413, "request body over the server's limit; `detail` says the limit"),
+    (416, "`offset` is past the end of the log; `detail` and Content-Range say its size"),
     (422, "invalid input; `detail` names the field"))}
+
+
+def errors(*codes: int) -> dict:
+    """The error statuses a route can answer, for its OpenAPI `responses` (every one it can
+    answer is listed: the API's fuzz test holds it to them)."""
+    return {code: ERRORS[code] for code in sorted(codes)}
+
+
+READ = (401, 422)  # a route with a token and parameters
+BODY = (400, 401, 411, 413, 422)  # a route that takes a body (see bodylimit.py)
 
 
 class Submitted(BaseModel):
@@ -102,11 +119,19 @@ class NodeInfo(BaseModel):
     running: list[int]
 
 
+# API bodies are strict (`true` is not a number, "4" is not 4) and their numbers finite.
+STRICT = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+
 class TenantIn(BaseModel):
-    gpus: float | None = Field(None, ge=0, description="nominal GPU quota; null: an equal share")
-    borrowing_limit: float | None = Field(None, ge=0)
-    user: str | None = Field(None, description="an existing Unix user its jobs run as (root "
-                                               "server); null: its own, made for it")
+    model_config = STRICT
+
+    gpus: float | None = Field(None, ge=0, le=MAX_QUOTA_GPUS,
+                               description="nominal GPU quota; null: an equal share")
+    borrowing_limit: float | None = Field(None, ge=0, le=MAX_QUOTA_GPUS)
+    user: str | None = Field(None, min_length=1, max_length=32, pattern=r"^[A-Za-z0-9_][\w.-]*$",
+                             description="an existing Unix user its jobs run as (root "
+                                         "server); null: its own, made for it")
 
 
 class TenantOut(BaseModel):
@@ -117,6 +142,8 @@ class TenantOut(BaseModel):
 
 
 class TokenIn(BaseModel):
+    model_config = STRICT
+
     expires_in: float | None = Field(None, gt=0, le=10 * 365 * 86400,
                                      description="seconds until it stops working; null: never")
 
@@ -196,8 +223,7 @@ def parse_states(values: list[str]) -> list[State]:
 def create_app(cp: ControlPlane, auth: Auth, *,
                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
     app = FastAPI(title="Plinth", version=plinth.__version__,
-                  description="Submit, watch and cancel jobs on a Plinth cluster.",
-                  responses=ERRORS)
+                  description="Submit, watch and cancel jobs on a Plinth cluster.")
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
     bearer = HTTPBearer(auto_error=False)
 
@@ -265,7 +291,8 @@ def create_app(cp: ControlPlane, auth: Auth, *,
             raise SpecError(f"tenant: unknown tenant {tenant!r}")
         return tenant
 
-    @app.post("/v1/jobs", response_model=Submitted, status_code=201)
+    @app.post("/v1/jobs", response_model=Submitted, status_code=201,
+              responses=errors(403, *BODY))
     async def submit(spec: JobSpec, who: Who) -> dict:
         tenant = tenant_for(spec.tenant, who)
         for kind, dep in spec.dependencies():
@@ -279,7 +306,8 @@ def create_app(cp: ControlPlane, auth: Auth, *,
         job_id = await asyncio.wrap_future(cp.writer.insert(row, now))  # group commit
         return {"id": cp.accepted(job_id, spec, now), "state": State.PENDING.value}
 
-    @app.get("/v1/jobs", response_model=list[JobSummary])
+    @app.get("/v1/jobs", response_model=list[JobSummary],
+             responses=errors(*READ))
     def list_jobs(who: Who, response: Response, all: bool = False, tenant: str | None = None,
                   state: Annotated[list[str] | None, Query()] = None, name: str | None = None,
                   array: Annotated[int | None, Query(ge=1, le=MAX_ID)] = None,
@@ -297,7 +325,8 @@ def create_app(cp: ControlPlane, auth: Auth, *,
         response.headers["X-Total-Count"] = str(cp.store.count_jobs(**filters))
         return [summary(r) for r in cp.store.jobs(**filters, limit=limit, offset=offset)]
 
-    @app.get("/v1/jobs/{job_id}", response_model=JobDetail)
+    @app.get("/v1/jobs/{job_id}", response_model=JobDetail,
+             responses=errors(404, *READ))
     def show(job_id: JobId, who: Who) -> dict:
         row = visible(job_id, who)
         alloc = row["allocation"]
@@ -309,30 +338,36 @@ def create_app(cp: ControlPlane, auth: Auth, *,
                 "events": [{"time": e["time"], "kind": e["kind"], "message": e["message"]}
                            for e in cp.store.events(job_id)]}
 
-    @app.post("/v1/jobs/{job_id}/cancel", response_model=Submitted)
+    @app.post("/v1/jobs/{job_id}/cancel", response_model=Submitted,
+              responses=errors(404, 409, *BODY))
     def cancel(job_id: JobId, who: Who, array: bool = False) -> dict:
         """Cancel a job; with `array`, every unfinished task of the array it heads, as
         `scancel ARRAY` does."""
         row = visible(job_id, who)
-        if array and row["array_id"] == job_id:
-            live = [s for s in State if s not in TERMINAL]
-            for task in cp.store.jobs(array=job_id, states=live, limit=10**6):
-                try:
-                    cp.cancel(task["id"])
-                except Conflict:  # it ended meanwhile
-                    pass
+        if array and row["array_id"] == job_id:  # every task in one turn, one transaction
+            cp.cancel_array(job_id)
             return {"id": job_id, "state": (cp.store.job(job_id) or row)["state"]}
         return {"id": job_id, "state": cp.cancel(job_id)}
 
-    @app.get("/v1/jobs/{job_id}/logs", response_model=LogChunk)
+    @app.get("/v1/jobs/{job_id}/logs", response_model=LogChunk,
+             responses=errors(404, 416, *READ))
     def logs(job_id: JobId, who: Who, offset: Annotated[int, Query(ge=0, le=MAX_ID)] = 0) -> dict:
+        """Up to 1 MiB of the job's log from byte `offset` (a job that has not started has an
+        empty log). An offset past the log's end answers 416, with the log's size."""
         row = visible(job_id, who)
-        path = cp.log_path(job_id)
-        data = b""
-        if path.exists():
-            with open(path, "rb") as f:
-                f.seek(offset)
-                data = f.read(LOG_CHUNK)
+        data, size = b"", 0
+        try:
+            with open(cp.log_path(job_id), "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                if offset <= size:  # seeking far past the end fails (EINVAL on ext4)
+                    f.seek(offset)
+                    data = f.read(LOG_CHUNK)
+        except FileNotFoundError:  # not started yet: an empty log
+            pass
+        if offset > size:
+            raise HTTPException(416, f"offset: {offset} is past the end of job {job_id}'s log "
+                                     f"({size} bytes)",
+                                headers={"Content-Range": f"bytes */{size}"})
         done = State(row["state"]).terminal and len(data) < LOG_CHUNK
         return {"data": data.decode("utf-8", "replace"), "offset": offset + len(data),
                 "done": done}
@@ -356,7 +391,8 @@ def create_app(cp: ControlPlane, auth: Auth, *,
     def visible_workload(ref: str, who: Principal) -> dict:
         return cp.workloads.find(ref, None if who.admin else who.tenant)
 
-    @app.post("/v1/workloads", response_model=WorkloadOut, status_code=201)
+    @app.post("/v1/workloads", response_model=WorkloadOut, status_code=201,
+              responses=errors(403, *BODY))
     def submit_workload(body: dict[str, Any], who: Who) -> dict:
         """Submit a spec of a kind with several units (`kind: Service`); a Job goes to
         /v1/jobs."""
@@ -367,36 +403,43 @@ def create_app(cp: ControlPlane, auth: Auth, *,
         w = cp.workloads.submit(spec, tenant_for(spec.tenant, who))
         return workload_out(cp.store.workloads(name=w.name, tenant=w.tenant)[0])
 
-    @app.get("/v1/workloads", response_model=list[WorkloadOut])
+    @app.get("/v1/workloads", response_model=list[WorkloadOut],
+             responses=errors(*READ))
     def list_workloads(who: Who, all: bool = False) -> list[dict]:
         rows = cp.workloads.rows(None if who.admin else who.tenant, None if all else True)
         return [workload_out(r) for r in rows]
 
-    @app.get("/v1/workloads/{ref}", response_model=WorkloadDetail)
+    @app.get("/v1/workloads/{ref}", response_model=WorkloadDetail,
+             responses=errors(404, *READ))
     def show_workload(ref: Annotated[str, Path(max_length=64)], who: Who) -> dict:
         return workload_out(visible_workload(ref, who), detail=True)
 
-    @app.post("/v1/workloads/{ref}/cancel", response_model=WorkloadOut)
+    @app.post("/v1/workloads/{ref}/cancel", response_model=WorkloadOut,
+              responses=errors(404, 409, *BODY))
     def cancel_workload(ref: Annotated[str, Path(max_length=64)], who: Who) -> dict:
         row = visible_workload(ref, who)
         cp.workloads.cancel(row["id"])
         return workload_out(cp.workloads.find(str(row["id"]), row["tenant"]))
 
-    @app.get("/v1/nodes", response_model=list[NodeInfo])
+    @app.get("/v1/nodes", response_model=list[NodeInfo],
+             responses=errors(401))
     async def nodes(who: Who) -> list[dict]:
         return cp.node_usage(None if who.admin else who.tenant)
 
-    @app.get("/v1/tenants", response_model=list[TenantOut])
+    @app.get("/v1/tenants", response_model=list[TenantOut],
+             responses=errors(401, 403))
     def list_tenants(_: Admin) -> list[dict]:
         return [{**r, "user": r["unix_user"]} for r in cp.store.tenants()]
 
-    @app.put("/v1/tenants/{name}", response_model=TenantOut)
+    @app.put("/v1/tenants/{name}", response_model=TenantOut,
+             responses=errors(403, *BODY))
     def put_tenant(name: str, body: TenantIn, _: Admin) -> dict:
         check_tenant_name(name)
         user = cp.set_tenant(name, body.gpus, body.borrowing_limit, body.user)
         return {"name": name, **body.model_dump(), "user": user}
 
-    @app.post("/v1/tenants/{name}/tokens", response_model=TokenOut, status_code=201)
+    @app.post("/v1/tenants/{name}/tokens", response_model=TokenOut, status_code=201,
+              responses=errors(403, 404, *BODY))
     def add_token(name: str, _: Admin, body: TokenIn | None = None) -> dict:
         if name not in cp.tenant_names:
             raise NotFound(f"tenant {name!r} not found")
@@ -406,11 +449,13 @@ def create_app(cp: ControlPlane, auth: Auth, *,
         return {"id": digest(token)[:TOKEN_ID_CHARS], "tenant": name, "token": token,
                 "expires": expires}
 
-    @app.get("/v1/tokens", response_model=list[TokenInfo])
+    @app.get("/v1/tokens", response_model=list[TokenInfo],
+             responses=errors(403, *READ))
     def list_tokens(_: Admin, tenant: str | None = None) -> list[dict]:
         return cp.store.token_rows(tenant)
 
-    @app.delete("/v1/tokens/{token_id}", status_code=204)
+    @app.delete("/v1/tokens/{token_id}", status_code=204,
+                responses=errors(403, 404, *READ))
     def revoke_token(token_id: str, _: Admin) -> None:
         if not auth.revoke(token_id):
             raise NotFound(f"token {token_id!r} not found (give the id `plinth tenant tokens` "

@@ -54,6 +54,7 @@ from plinth.control.service import policy_options as platform_policy_options
 from plinth.control.spec import DEFAULT_ESTIMATE_S, JobSpec
 from plinth.core.errors import SpecError
 from plinth.core.resources import Cluster, Node, Request
+from plinth.core.spec import TRUSTED
 from plinth.core.throughput import FIXED_SPEED
 from plinth.core.workload import Job
 from plinth.sched.lifecycle import State
@@ -165,7 +166,7 @@ def build_export(records: Iterable[Mapping[str, Any]]) -> Export:
         if not runs:
             left_out.append(f"{where}: never ran")
             continue
-        spec = JobSpec.model_validate(r["spec"])
+        spec = JobSpec.model_validate(r["spec"], context=TRUSTED)  # the store's: accepted once
         why = expressible(spec.request())
         if why is not None:
             left_out.append(f"{where}: the CSV trace format cannot express {why}")

@@ -12,15 +12,19 @@ a dependency is not considered by the scheduler at all.
 - Array throttles, ``array: 0-99%10``: at most 10 tasks of the array are with the scheduler
   (pending there, running or stopping) at a time; the next task goes when one ends.
 
-`release` is a pure function of the holds and of what it is told about other jobs' states.
+`release` is a pure function of the holds and of what it is told about other jobs' states. It
+costs what changed since the last call, not what is held: a held job is looked at when it is new,
+when a job it waits on changed state (the shell says so with `changed` and `ended`), or when its
+array has a free slot; why a job waits is worked out when someone asks (`reason`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import heapq
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
-from plinth.control.spec import JobSpec, parse_array
+from plinth.control.spec import JobSpec
 from plinth.core.workload import Job
 from plinth.sched.lifecycle import State
 
@@ -41,71 +45,265 @@ def verdict(kind: str, state: State, started: bool) -> bool | None:
 
 
 def array_limit(spec: JobSpec) -> int | None:
-    return parse_array(spec.array)[1] if spec.array else None
+    """The `%N` of an array spec (checked at the boundary), read without expanding the indices:
+    this runs for every task of an array, and expanding `0-9999` each time was O(tasks²)."""
+    if not spec.array:
+        return None
+    limit = str(spec.array).strip().partition("%")[2]
+    return int(limit) if limit else None
+
+
+def throttle(spec: JobSpec) -> int | None:
+    """The limit a task of a throttled array runs under; None for any other job."""
+    return array_limit(spec) if spec.array_id is not None else None
+
+
+@dataclass(slots=True)
+class Held:
+    """A held job. `unmet`: its dependencies not met yet, None until they are first looked at;
+    empty once all are met, when only its array's throttle holds it."""
+
+    job: Job
+    spec: JobSpec
+    unmet: set[tuple[str, int]] | None = None
+
+
+@dataclass(slots=True)
+class Turns:
+    """A throttled array: the limit (parsed once), its tasks with the scheduler, and a heap of
+    its held tasks whose dependencies are met, lowest id first. A task cancelled while in the
+    heap stays there until popped (and is skipped), so a cancel costs O(1) here."""
+
+    limit: int
+    active: set[int] = field(default_factory=set)
+    ready: list[int] = field(default_factory=list)
+    held: int = 0  # its tasks in the holds
 
 
 @dataclass(slots=True)
 class Holds:
-    jobs: dict[int, tuple[Job, JobSpec]] = field(default_factory=dict)  # held, in id order
-    reasons: dict[int, str] = field(default_factory=dict)
-    active: dict[int, set[int]] = field(default_factory=dict)  # array id -> tasks let go
-    dirty: bool = False  # something changed that may let a held job go
+    """Indexed so that a `release` costs what changed, not what is held: a held job is looked at
+    when it is new, when a job it depends on changed state (`waiters`), or when its array freed
+    a slot (`Turns.ready`). A 10,000-task `%1` array costs one pop per task that ends."""
+
+    jobs: dict[int, Held] = field(default_factory=dict)
+    arrays: dict[int, Turns] = field(default_factory=dict)  # throttled arrays by id
+    # dependency job id -> kind -> held jobs waiting on it (an array's id stands for its tasks)
+    waiters: dict[int, dict[str, set[int]]] = field(default_factory=dict)
+    dep_state: dict[int, str] = field(default_factory=dict)  # a waited-on job's state, last seen
+    fresh: list[int] = field(default_factory=list)  # held since the last release, not looked at
+    touched: set[int] = field(default_factory=set)  # waited-on jobs that changed state
+    freed: set[int] = field(default_factory=set)  # arrays with a free slot or a task newly ready
+    examined: int = 0  # held jobs the last `release` looked at: the cost of a step
+
+    @property
+    def dirty(self) -> bool:
+        """Something changed that may let a held job go."""
+        return bool(self.fresh or self.touched or self.freed)
+
+    @property
+    def reasons(self) -> Mapping[int, str]:
+        """Why each held job waits, worked out when asked (see `reason`)."""
+        return _Reasons(self)
+
+    def reason(self, job_id: int) -> str | None:
+        h = self.jobs.get(job_id)
+        if h is None:
+            return None
+        if h.unmet is None:
+            return "held: waiting for its turn"
+        if h.unmet:
+            waiting = [f"{kind}:{dep} ({self.dep_state.get(dep, '?')})"
+                       for kind, dep in h.spec.dependencies() if (kind, dep) in h.unmet]
+            return f"held: dependency {', '.join(waiting)}"
+        # Read without the loop's lock (the API's `show`): the array may have just ended.
+        turns = self.arrays.get(h.spec.array_id)  # type: ignore[arg-type]  # a throttled task
+        limit = turns.limit if turns is not None else throttle(h.spec)
+        return f"held: array {h.spec.array_id} runs at most {limit} tasks at a time"
 
     def needs_hold(self, spec: JobSpec) -> bool:
         return bool(spec.dependencies()) or array_limit(spec) is not None
 
     def hold(self, job: Job, spec: JobSpec) -> None:
-        self.jobs[job.id] = (job, spec)
-        self.reasons[job.id] = "held: waiting for its turn"
-        self.dirty = True
+        self.jobs[job.id] = Held(job, spec)
+        limit = throttle(spec)
+        if limit is not None:
+            turns = self.arrays.get(spec.array_id)  # type: ignore[arg-type]
+            if turns is None:
+                turns = self.arrays[spec.array_id] = Turns(limit)  # type: ignore[index]
+            turns.held += 1
+        self.fresh.append(job.id)
 
     def let_go(self, job_id: int, spec: JobSpec) -> None:
         """`job_id` is with the scheduler now (released, or recovered as started before)."""
-        if spec.array_id is not None and array_limit(spec) is not None:
-            self.active.setdefault(spec.array_id, set()).add(job_id)
+        limit = throttle(spec)
+        if limit is not None:
+            turns = self.arrays.get(spec.array_id)  # type: ignore[arg-type]
+            if turns is None:
+                turns = self.arrays[spec.array_id] = Turns(limit)  # type: ignore[index]
+            turns.active.add(job_id)
+
+    def changed(self, job_id: int, array_id: int | None = None) -> None:
+        """`job_id` changed state: the jobs waiting on it (or on its array) look again."""
+        if job_id in self.waiters:
+            self.touched.add(job_id)
+        if array_id is not None and array_id in self.waiters:
+            self.touched.add(array_id)
 
     def ended(self, job_id: int, spec: JobSpec | None) -> None:
         """A job has ended (or was cancelled): it may free a dependency or an array slot."""
-        if spec is not None and spec.array_id is not None:
-            self.active.get(spec.array_id, set()).discard(job_id)
-        self.jobs.pop(job_id, None)
-        self.reasons.pop(job_id, None)
-        self.dirty = True
+        h = self.jobs.pop(job_id, None)
+        if h is not None:
+            self._forget(h)
+        array_id = spec.array_id if spec is not None else None
+        turns = self.arrays.get(array_id) if array_id is not None else None
+        if turns is not None:
+            if job_id in turns.active:
+                turns.active.discard(job_id)
+                self.freed.add(array_id)  # type: ignore[arg-type]
+            if h is not None:
+                turns.held -= 1
+            if not turns.held and not turns.active:
+                del self.arrays[array_id]  # type: ignore[arg-type]
+                self.freed.discard(array_id)  # type: ignore[arg-type]
+        self.changed(job_id, array_id)
 
     def release(self, state_of: StateOf
                 ) -> tuple[list[tuple[Job, JobSpec]], list[tuple[int, str]]]:
         """(held jobs that may go to the scheduler now, (job id, why) of held jobs whose
-        dependencies can never be met). Both are removed from the holds."""
-        self.dirty = False
-        go: list[tuple[Job, JobSpec]] = []
-        never: list[tuple[int, str]] = []
-        for job_id, (job, spec) in list(self.jobs.items()):
-            waiting = []
-            for kind, dep in spec.dependencies():
-                found = state_of(dep)
+        dependencies can never be met), each in id order. Both are removed from the holds."""
+        seen: dict[int, tuple[State, bool] | None] = {}
+
+        def look(dep: int) -> tuple[State, bool] | None:
+            found = seen[dep] if dep in seen else seen.setdefault(dep, state_of(dep))
+            if dep in self.waiters:  # what its waiters' reasons name
+                self.dep_state[dep] = found[0].value if found is not None else "gone"
+            return found
+
+        go: list[Held] = []
+        never: dict[int, str] = {}
+        fresh, touched, self.fresh, self.touched = self.fresh, self.touched, [], set()
+        examined = len(fresh)
+        for job_id in fresh:
+            h = self.jobs.get(job_id)
+            if h is None:  # cancelled before it was looked at
+                continue
+            h.unmet = set()
+            for kind, dep in h.spec.dependencies():
+                self.waiters.setdefault(dep, {}).setdefault(kind, set()).add(job_id)
+                h.unmet.add((kind, dep))
+            why = self._settle(h, look)
+            if why is not None:
+                never[job_id] = why
+            elif not h.unmet:
+                self._ready(h, go)
+        for dep in sorted(touched):
+            kinds = self.waiters.get(dep)
+            if kinds is None:
+                continue
+            found = look(dep)
+            for kind, waiting in list(kinds.items()):
                 met = verdict(kind, *found) if found is not None else False
-                if met is False:
-                    what = "does not exist" if found is None else f"ended {found[0].value}"
-                    why = f"dependency never satisfied: {kind}:{dep} (job {dep} {what})"
-                    never.append((job_id, why))
-                    break
-                if met is None:
-                    waiting.append(f"{kind}:{dep} ({found[0].value})")  # type: ignore[index]
-            else:
-                limit = array_limit(spec)
-                busy = len(self.active.get(spec.array_id, ())) if limit is not None else 0
-                if waiting:
-                    self.reasons[job_id] = f"held: dependency {', '.join(waiting)}"
-                elif limit is not None and busy >= limit:
-                    self.reasons[job_id] = (f"held: array {spec.array_id} runs at most {limit} "
-                                            "tasks at a time")
-                else:
-                    go.append((job, spec))
-                    self.let_go(job_id, spec)
-        for job, _ in go:
-            del self.jobs[job.id]
-            self.reasons.pop(job.id, None)
-        for job_id, _ in never:
-            del self.jobs[job_id]
-            self.reasons.pop(job_id, None)
-        return go, never
+                if met is None:  # their reasons name its new state (dep_state); nothing else
+                    continue
+                for job_id in sorted(waiting):
+                    h = self.jobs.get(job_id)
+                    if h is None or job_id in never or h.unmet is None:
+                        continue
+                    examined += 1
+                    # a dependency that cannot be met: name the first such, in the spec's order
+                    why = self._settle(h, look) if met is False else None
+                    if why is not None:
+                        never[job_id] = why
+                        continue
+                    h.unmet.discard((kind, dep))
+                    self._unwait(job_id, kind, dep)
+                    if not h.unmet:
+                        self._ready(h, go)
+        for array_id in sorted(self.freed):
+            turns = self.arrays.get(array_id)
+            while turns is not None and turns.ready and len(turns.active) < turns.limit:
+                h = self.jobs.get(heapq.heappop(turns.ready))
+                if h is not None and h.job.id not in never:
+                    examined += 1
+                    go.append(h)
+                    turns.active.add(h.job.id)
+        self.freed.clear()
+        for h in go:
+            del self.jobs[h.job.id]
+            turns = self.arrays.get(h.spec.array_id) if h.spec.array_id is not None else None
+            if turns is not None:
+                turns.held -= 1
+        for job_id in never:
+            h = self.jobs[job_id]
+            self.ended(job_id, h.spec)  # jobs waiting on it look again once it is stored
+        self.examined = examined
+        go.sort(key=lambda h: h.job.id)
+        return [(h.job, h.spec) for h in go], sorted(never.items())
+
+    def _settle(self, h: Held, look: Callable[[int], tuple[State, bool] | None]) -> str | None:
+        """Look at `h`'s unmet dependencies, in the spec's order: drop those met, and return
+        why the first that never can be met cannot (None if none)."""
+        for kind, dep in h.spec.dependencies():
+            if (kind, dep) not in h.unmet:  # type: ignore[operator]  # looked at: a set
+                continue
+            found = look(dep)
+            met = verdict(kind, *found) if found is not None else False
+            if met is False:
+                what = "does not exist" if found is None else f"ended {found[0].value}"
+                return f"dependency never satisfied: {kind}:{dep} (job {dep} {what})"
+            if met:
+                h.unmet.discard((kind, dep))  # type: ignore[union-attr]
+                self._unwait(h.job.id, kind, dep)
+        return None
+
+    def _ready(self, h: Held, go: list[Held]) -> None:
+        """`h`'s dependencies are all met: it goes, or waits for its array's turn."""
+        turns = self.arrays.get(h.spec.array_id) if h.spec.array_id is not None else None
+        if turns is None:
+            go.append(h)
+            return
+        heapq.heappush(turns.ready, h.job.id)
+        self.freed.add(h.spec.array_id)  # type: ignore[arg-type]
+
+    def _unwait(self, job_id: int, kind: str, dep: int) -> None:
+        kinds = self.waiters.get(dep)
+        if kinds is None:
+            return
+        waiting = kinds.get(kind)
+        if waiting is not None:
+            waiting.discard(job_id)
+            if not waiting:
+                del kinds[kind]
+        if not kinds:
+            del self.waiters[dep]
+            self.dep_state.pop(dep, None)
+
+    def _forget(self, h: Held) -> None:
+        """`h` leaves the holds: it waits on nothing any more."""
+        for kind, dep in h.unmet or ():
+            self._unwait(h.job.id, kind, dep)
+
+
+class _Reasons(Mapping[int, str]):
+    """Held job id -> why it waits, each worked out when read."""
+
+    __slots__ = ("holds",)
+
+    def __init__(self, holds: Holds) -> None:
+        self.holds = holds
+
+    def __getitem__(self, job_id: int) -> str:
+        why = self.holds.reason(job_id)
+        if why is None:
+            raise KeyError(job_id)
+        return why
+
+    def __contains__(self, job_id: object) -> bool:
+        return job_id in self.holds.jobs
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(list(self.holds.jobs))
+
+    def __len__(self) -> int:
+        return len(self.holds.jobs)

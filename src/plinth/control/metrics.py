@@ -8,6 +8,9 @@ so nothing is kept up to date between scrapes:
     plinth_scheduler_pass_seconds                 the policy's time in one pass (histogram)
     plinth_scheduler_decisions_total{kind}        a pass's lifecycle moves: started, move, ...
     plinth_store_transaction_seconds              begin to commit of a store write (histogram)
+    plinth_held_jobs_examined_total               held jobs the control loop looked at (what a
+                                                  step cost: it grows with what changed, not
+                                                  with what is held)
     plinth_queue_depth{tenant,kind}               pending workloads
     plinth_jobs{state}                            jobs in the store by lifecycle state
     plinth_gpus_allocated{model}, plinth_gpus_free{model}   GPUs (fractions count) by model
@@ -74,6 +77,9 @@ class ControlMetrics:
         self._store = Histogram("plinth_store_transaction_seconds",
                                 "Store write transactions, begin to commit",
                                 buckets=STORE_BUCKETS, registry=r)
+        self._examined = Counter("plinth_held_jobs_examined",
+                                 "Held jobs (dependencies, array throttles) the control loop "
+                                 "looked at", registry=r)
         self._fl_round = Histogram("plinth_fl_round_seconds", "Federated round wall time",
                                    ["task"], buckets=FL_BUCKETS, registry=r)
         self._fl_clients = Gauge("plinth_fl_round_participants",
@@ -94,6 +100,10 @@ class ControlMetrics:
         self._pass.observe(out.policy_s)
         for kind, n in Tally(t.kind for t in out.transitions).items():
             self._decisions.labels(kind).inc(n)
+
+    def held_examined(self, n: int) -> None:
+        """After the holds were looked at: how many held jobs that cost."""
+        self._examined.inc(n)
 
     def fl_round(self, task: str, *, seconds: float, updates: int, failures: int) -> None:
         """Hook for a federated task's aggregator: one finished round."""

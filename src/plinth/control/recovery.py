@@ -18,7 +18,7 @@ from pydantic import ValidationError
 from plinth.control.spec import JobSpec
 from plinth.control.store import Event
 from plinth.core.resources import Allocation
-from plinth.core.spec import validation_message
+from plinth.core.spec import TRUSTED, validation_message
 from plinth.runtime.base import Handle
 from plinth.sched.lifecycle import State, StopReason
 from plinth.sched.types import JobState
@@ -53,7 +53,7 @@ def recover(cp: ControlPlane) -> None:
     owner, found = cp.owner, cp.recovery
     for row in cp.store.active_jobs():
         try:
-            spec = JobSpec.model_validate(row["spec"])
+            spec = JobSpec.model_validate(row["spec"], context=TRUSTED)  # accepted once
         except ValidationError as e:  # stored by an older version that checked less
             _fail_unreadable(cp, row, validation_message("spec", e, JobSpec), now)
             found.lost += 1

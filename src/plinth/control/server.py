@@ -14,16 +14,22 @@ from pathlib import Path
 
 import uvicorn
 
+from plinth.control import lease as lease_mod
 from plinth.control.api import create_app
 from plinth.control.auth import Auth
 from plinth.control.bodylimit import DEFAULT_MAX_BODY_BYTES
+from plinth.control.lease import Lease
 from plinth.control.service import ControlPlane
-from plinth.control.store import Store
+from plinth.control.store import Store, normalise_url
 from plinth.control.users import can_isolate, lock_down, unreachable
 from plinth.core.errors import PlinthError, SpecError
+from plinth.runtime.procs import LOG_LIMIT_MIB
 from plinth.sched.types import SchedConfig
 
 DEFAULT_PORT = 8642
+# After SIGTERM, requests still being answered get this long before the server stops anyway:
+# no request (a long cancel, a slow client) can keep `plinth up` from stopping.
+SHUTDOWN_S = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +58,7 @@ class ServerConfig:
     serve_policy: str = "faro-fairsum"
     serve_tick_s: float = 10.0
     serve_minute_s: float = 60.0
+    log_limit_mib: int = LOG_LIMIT_MIB  # a job's log is cut at this size (0: never)
 
     @property
     def tenant_jobs_dir(self) -> Path | None:
@@ -65,18 +72,21 @@ class ServerConfig:
         return self.db or f"sqlite:///{(self.home / 'plinth.db').resolve()}"
 
 
-def build(cfg: ServerConfig) -> tuple[ControlPlane, Auth]:
-    """The control plane, recovered from the store, with its loop not yet started."""
+def build(cfg: ServerConfig, lease: Lease) -> tuple[ControlPlane, Auth]:
+    """The control plane, recovered from the store, with its loop not yet started. `lease`:
+    this process's hold on the store (`take_lease`), taken before anything here touches it."""
     from plinth.runtime.local import LocalRuntime
 
     if cfg.grace_s < 0:
         raise SpecError(f"--grace: must be >= 0, got {cfg.grace_s}")
+    if cfg.log_limit_mib < 0:
+        raise SpecError(f"--log-limit: must be >= 0 MiB, got {cfg.log_limit_mib}")
     cfg.home.mkdir(parents=True, exist_ok=True)
     store = Store(cfg.db_url)
     auth = Auth(store)
     auth.bootstrap(cfg.home)
     holder: list[ControlPlane] = []
-    notify = lambda: holder[0].notify() if holder else None  # noqa: E731
+    notify = lambda: holder[0].notify() if holder else None
     if cfg.runtime == "ray":
         from plinth.runtime.ray import make_ray_runtime
 
@@ -84,7 +94,8 @@ def build(cfg: ServerConfig) -> tuple[ControlPlane, Auth]:
     elif cfg.runtime != "local":
         raise SpecError(f"--runtime: expected local or ray, got {cfg.runtime!r}")
     else:
-        runtime = LocalRuntime(cfg.home / "runtime", fake_gpus=cfg.fake_gpus, notify=notify)
+        runtime = LocalRuntime(cfg.home / "runtime", fake_gpus=cfg.fake_gpus, notify=notify,
+                               log_limit_mib=cfg.log_limit_mib)
     if not any(n.num_gpus for n in runtime.nodes()):
         runtime.close()
         raise SpecError("no GPU found (NVML); declare virtual ones with --fake-gpus 4xA100")
@@ -108,6 +119,15 @@ def build(cfg: ServerConfig) -> tuple[ControlPlane, Auth]:
     lock_down(cfg.home, cfg.tenant_jobs_dir)
     holder.append(cp)
     return cp, auth
+
+
+def take_lease(cfg: ServerConfig, port: int) -> Lease:
+    """The lease on the configured store, for a control plane serving on `port`; a second
+    control plane on the same store gets `LeaseHeld`, one line naming the holder (see
+    plinth.control.lease)."""
+    if cfg.db is None:  # the default store, in the home: make the home for it first
+        cfg.home.mkdir(parents=True, exist_ok=True)
+    return lease_mod.acquire(normalise_url(cfg.db_url), port=port)
 
 
 def isolation_notes(cfg: ServerConfig, python: str = sys.executable) -> list[str]:
@@ -177,16 +197,26 @@ def serve(cfg: ServerConfig, *, announce=print) -> None:
     except OSError as e:
         sock.close()
         raise PlinthError(f"--port: cannot listen on {cfg.host}:{cfg.port}: {e.strerror}") from None
-    cp, auth = build(cfg)
+    # The lease before anything else of the store: a second control plane must not adopt the
+    # running one's jobs, or write a token, before it finds that it is second.
+    lease = take_lease(cfg, sock.getsockname()[1])
+    try:
+        cp, auth = build(cfg, lease)
+    except BaseException:
+        lease.release()
+        sock.close()
+        raise
     cp.start()
     app = create_app(cp, auth, max_body_bytes=cfg.max_body_bytes)
     tls = {} if cfg.tls_cert is None else {"ssl_certfile": str(cfg.tls_cert),
                                             "ssl_keyfile": str(cfg.tls_key)}
     server = uvicorn.Server(uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level="warning",
-                                           access_log=False, lifespan="off", **tls))
+                                           access_log=False, lifespan="off",
+                                           timeout_graceful_shutdown=SHUTDOWN_S, **tls))
     scheme = "https" if tls else "http"
     announce(f"plinth control plane on {scheme}://{cfg.host}:{cfg.port} (pid {os.getpid()}), "
-             f"store {cfg.db_url}, {cp.cluster.describe()}, policy {cfg.policy}, "
+             f"store {cfg.db_url} (held: {lease.what}), {cp.cluster.describe()}, "
+             f"policy {cfg.policy}, "
              f"isolation {getattr(cp.runtime, 'isolation', '?')}")
     announce(f"dashboard {scheme}://{cfg.host}:{cfg.port}/ui, metrics at /metrics")
     for note in isolation_notes(cfg):
@@ -198,3 +228,4 @@ def serve(cfg: ServerConfig, *, announce=print) -> None:
         server.run(sockets=[sock])
     finally:
         cp.close()
+        lease.release()

@@ -26,12 +26,13 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TypeVar
 
-from plinth.control import users
+from plinth.control import tenantfs, users
+from plinth.control.cancel import cancel_array, cancel_jobs
 from plinth.control.holds import Holds
 from plinth.control.metrics import ControlMetrics
 from plinth.control.recovery import Recovery, recover
-from plinth.control.spec import MAX_ARRAY_TASKS, JobSpec, parse_array
-from plinth.control.store import Event, GroupCommit, Store
+from plinth.control.spec import JobSpec, parse_array
+from plinth.control.store import Event, GroupCommit, Store, Transition
 from plinth.control.workloads import Workloads
 from plinth.core.errors import PlinthError, SpecError, UnplaceableError
 from plinth.core.resources import Cluster, Request, TenantQuota
@@ -120,6 +121,8 @@ class ControlPlane:
         kinds.setdefault("Service", {}).setdefault(
             "capacity_cpus", sum(n.cpus_milli for n in self.nodes) / 1000)
         self.workloads = Workloads(self, kinds)
+        if "default" in self.tenant_names:
+            self.run_as("default")  # its user, named before the admin hands it files
 
     # --- set-up -------------------------------------------------------------------------------
 
@@ -160,10 +163,21 @@ class ControlPlane:
             return None
         if asked is not None:
             return users.existing_user(asked, "user").name
-        known = self.tenant_users.get(tenant)
-        if known is not None or tenant == "default":  # the admin's tenant: the server's user
-            return known
-        return users.ensure_user(tenant).name
+        return self.tenant_users.get(tenant) or users.ensure_user(tenant).name
+
+    def run_as(self, tenant: str) -> str | None:
+        """The Unix user `tenant`'s jobs run as: None (the server's own) when the control plane
+        is not root; as root, the user the admin mapped it to, else one of its own
+        (plinth-TENANT), `default` included: root is never a tenant's user."""
+        if self.jobs_dir is None:
+            return None
+        user = self.tenant_users.get(tenant)
+        if user is None:  # a tenant stored before it had a user: `default`, made at bootstrap
+            user = self.tenant_users[tenant] = users.ensure_user(tenant).name
+            row = next((r for r in self.store.tenants() if r["name"] == tenant), None)
+            if row is not None:  # `plinth tenant ls` says so
+                self.store.put_tenant(tenant, row["gpus"], row["borrowing_limit"], user)
+        return user
 
     @property
     def policy(self) -> Policy:
@@ -227,23 +241,18 @@ class ControlPlane:
 
     def _take_incoming(self) -> list[o.Event]:
         """New submissions for the owner, and held jobs that may go now (see holds.py)."""
-        events: list[o.Event] = []
-        while self._incoming:
-            job, spec = self._incoming.popleft()
-            self.specs[job.id] = spec
-            if self.holds.needs_hold(spec):
-                self.holds.hold(job, spec)
-            else:
-                events.append(o.Submitted(job))
+        events = self.incoming_to_holds()
         return events + self.release_held() if self.holds.dirty else events
 
     def release_held(self) -> list[o.Event]:
         """Held jobs that may go to the owner now; those that never can are cancelled."""
         go, never = self.holds.release(self._state_of)
+        self.metrics.held_examined(self.holds.examined)
         now = self.clock()
-        for job_id, why in never:  # as Slurm's kill_invalid_depend
-            self.store.transition(job_id, State.PENDING, State.CANCELLED, now, "cancelled",
-                                  why, end_time=now, reason=why)
+        self.store.transitions([  # as Slurm's kill_invalid_depend
+            Transition(job_id, State.PENDING, State.CANCELLED, now, "cancelled", why,
+                       {"end_time": now, "reason": why}) for job_id, why in never])
+        for job_id, _ in never:
             self.specs.pop(job_id, None)
         return [o.Submitted(job) for job, _ in go]
 
@@ -258,8 +267,7 @@ class ControlPlane:
         elif spec.array_id != job_id:
             js = self.owner.jobs.get(job_id)
             return (js.status, js.attempt > 0) if js is not None else (State.PENDING, False)
-        tasks = self.store.jobs(array=job_id, limit=MAX_ARRAY_TASKS)
-        states, started = [State(t["state"]) for t in tasks], any(t["attempt"] for t in tasks)
+        states, started = self.store.array_summary(job_id)
         if all(s.terminal for s in states):
             return (State.SUCCEEDED if all(s is State.SUCCEEDED for s in states) else
                     State.FAILED), started
@@ -279,32 +287,38 @@ class ControlPlane:
 
     def cancel(self, job_id: int) -> str:
         """Cancel a job; returns its state afterwards."""
-        with self._lock:
-            now = self.clock()
-            events = self._take_incoming()
-            if job_id in self.holds.jobs:  # the owner has not seen it: it ends here
-                spec = self.specs.pop(job_id, None)
-                self.holds.ended(job_id, spec)
-                self.store.transition(job_id, State.PENDING, State.CANCELLED, now, "cancelled",
-                                      "cancelled by the user while held", end_time=now,
-                                      reason="cancelled by the user while held")
-                self._carry_out(self.owner.handle(events, now, schedule=False), now)
-                return State.CANCELLED.value
-            out = self.owner.handle([*events, o.Cancelled(job_id)], now, schedule=False)
-            for r in out.rejected:
-                if r.event == o.Cancelled(job_id):
-                    row = self.store.job(job_id) if r.code == "not-found" else None
-                    if r.code == "not-found" and row is None:
-                        raise NotFound(f"job {job_id} not found")
-                    raise Conflict(f"job {job_id} has already finished "
-                                   f"({row['state'] if row else r.message})")
-            self._carry_out(out, now)
-            js = self.owner.jobs.get(job_id)
-            return js.status.value if js is not None else State.CANCELLED.value
+        states, refused = cancel_jobs(self, [job_id])
+        r = refused.get(job_id)
+        if r is not None:
+            row = self.store.job(job_id) if r.code == "not-found" else None
+            if r.code == "not-found" and row is None:
+                raise NotFound(f"job {job_id} not found")
+            raise Conflict(f"job {job_id} has already finished "
+                           f"({row['state'] if row else r.message})")
+        return states[job_id]
+
+    def cancel_array(self, array_id: int) -> dict[int, str]:
+        """Cancel every unfinished task of an array, as `scancel ARRAY` does, all in one turn
+        (plinth.control.cancel); returns each one's state afterwards."""
+        return cancel_array(self, array_id)
+
+    def incoming_to_holds(self) -> list[o.Event]:
+        """New submissions taken in (held ones into the holds), without releasing any held
+        job: a cancel must not let the next task of the array it cancels go first."""
+        events: list[o.Event] = []
+        while self._incoming:
+            job, spec = self._incoming.popleft()
+            self.specs[job.id] = spec
+            if self.holds.needs_hold(spec):
+                self.holds.hold(job, spec)
+            else:
+                events.append(o.Submitted(job))
+        return events
 
     def reason(self, job_id: int) -> str | None:
-        if job_id in self.holds.reasons:
-            return self.holds.reasons[job_id]
+        held = self.holds.reason(job_id)
+        if held is not None:
+            return held
         js = self.owner.jobs.get(job_id)
         why = js.reason if js is not None and js.reason else \
             "queued: waiting for the next scheduling pass"
@@ -454,8 +468,10 @@ class ControlPlane:
         """Store every transition, then carry out the instructions; a launch that fails goes
         back to the owner as an event, and so on until nothing is left to do."""
         while True:
+            moves: list[Transition] = []  # written together: one transaction, not one each
             for t in out.transitions:
-                self._store(t)
+                self._store(t, moves)
+            self.store.transitions(moves)
             for js in out.checkpoints:
                 self.store.update_job(js.id, checkpoint_step=js.checkpoint_step,
                                       checkpoint_time=js.checkpoint_time)
@@ -474,7 +490,9 @@ class ControlPlane:
                         for ins, r in zip(launches, self._launch_all(launches), strict=True)]
             out = self.owner.handle(feedback, now, schedule=False)
 
-    def _store(self, t: o.Transition) -> None:
+    def _store(self, t: o.Transition, moves: list[Transition]) -> None:
+        """Record `t`: a move between states joins `moves` (the caller writes them); a change
+        within a state is written now, after the moves before it."""
         fields = dict(t.fields)
         if "allocation" in fields:
             a = fields["allocation"]
@@ -489,16 +507,19 @@ class ControlPlane:
             ended = self._ended_at.pop(t.job_id, None)
             if ended is not None and "end_time" in fields:
                 at = fields["end_time"] = min(ended, t.at)
-        if t.new is State.RUNNING and self.holds.jobs:
-            self.holds.dirty = True  # an `after` dependency may be met
+        elif t.old is not t.new and self.holds.waiters:  # jobs waiting on it look again
+            spec = self.specs.get(t.job_id)
+            self.holds.changed(t.job_id, spec.array_id if spec is not None else None)
         if t.new is State.STOPPING and "reason" not in fields:
             fields["reason"] = f"stopping: {t.message}"
         if t.old is t.new:
+            self.store.transitions(moves)
+            moves.clear()
             if fields:
                 self.store.update_job(t.job_id, **fields)
             self.store.add_events([Event(t.job_id, t.kind, t.message)], t.at)
         else:
-            self.store.transition(t.job_id, t.old, t.new, at, t.kind, t.message, **fields)
+            moves.append(Transition(t.job_id, t.old, t.new, at, t.kind, t.message, fields))
 
     def _launch_all(self, launches: list[o.Launch]) -> list[Handle | str]:
         """Each launch's handle, or why it failed (see plinth.runtime.batch)."""
@@ -528,22 +549,27 @@ class ControlPlane:
                 users.tenant_dir(self.jobs_dir, tenant, user))
 
     def workload_dir(self, workload_id: int, tenant: str) -> Path:
-        """A workload's folder, readable and writable by its tenant's jobs (made if missing):
-        its units' state, and the files its controller hands them."""
-        run_as = self.tenant_users.get(tenant) if self.jobs_dir is not None else None
+        """A workload's folder in its tenant's own: its units' state (checkpoints, results,
+        status), made by the units themselves, as the tenant; the control plane makes nothing
+        in it and reads from it only through `tenantfs.read_regular`."""
+        run_as = self.run_as(tenant)
         user = users.UnixUser.named(run_as) if run_as else None
-        d = self.tenant_root(tenant, user) / f"workload-{workload_id}"
-        d.mkdir(parents=True, exist_ok=True)
-        if user is not None:
-            os.chown(d, user.uid, user.gid, follow_symlinks=False)
-        return d
+        return self.tenant_root(tenant, user) / f"workload-{workload_id}"
+
+    def workload_files(self, workload_id: int, tenant: str) -> tenantfs.Handout:
+        """The folder of the files a workload's controller hands its units (an FL task's app
+        and tokens): the control plane's own, which the tenant's jobs can read and cannot
+        write or swap (see plinth.control.tenantfs); made if missing."""
+        run_as = self.run_as(tenant)
+        gid = users.UnixUser.named(run_as).gid if run_as else os.getegid()
+        return tenantfs.handout(self.jobs_dir, self.home, tenant, gid, f"workload-{workload_id}")
 
     def _launch_spec(self, ins: o.Launch) -> LaunchSpec:
         spec, alloc = self.specs[ins.job_id], ins.allocation
         req = spec.request()
         workers = worker_launches(self.cluster, alloc, req)
         tenant = spec.tenant or "default"
-        run_as = self.tenant_users.get(tenant) if self.jobs_dir is not None else None
+        run_as = self.run_as(tenant)
         user = users.UnixUser.named(run_as) if run_as else None
         # Made by the job when it first saves (plinth.job), so a job that never saves leaves
         # no empty folder behind; with per-tenant users, under its tenant's own folder. A unit
@@ -572,12 +598,9 @@ class ControlPlane:
         command = tuple(spec.command)
         if spec.placement is not None:
             # The plan is made for the GPUs this attempt got, before the job's own command runs,
-            # and written into the checkpoint folder, which must be there for it. As root, only
-            # a folder in the tenant's own is made (never a path the spec names).
-            if user is None or not spec.checkpoint_dir:
-                Path(ckpt).mkdir(parents=True, exist_ok=True)
-                if user is not None:
-                    os.chown(ckpt, user.uid, user.gid, follow_symlinks=False)
+            # and written into the checkpoint folder by that step (plinth.place.for_job), which
+            # runs as the job's user and makes the folder: nothing is made here, as root, in a
+            # folder the tenant can write.
             p, node = spec.placement, self.cluster.nodes[alloc.slots[0].node]
             memory = (p.memory or req.gpu_memory_mib or
                       (node.model.memory_mib if node.model else 16 * 1024)) * 2**20

@@ -9,9 +9,9 @@ tenant: research            # optional: the token's tenant by default
 command: ["python", "train.py", "--steps", "200"]   # or one string, run by /bin/sh -c
 env: {SEED: "1"}
 workdir: .                  # default: the directory `plinth submit` runs in
-resources:
-  cpus: 1
-  memory: 4Gi
+resources:                  # per worker
+  cpus: 1                   # the default; > 0 (a job that asks for none is refused)
+  memory: 4Gi               # the default; > 0
   gpus: 1                   # whole GPUs per worker, or
   gpu_fraction: 0.25        # a share of one GPU (MPS), with
   gpu_memory: 8Gi           # its GPU memory limit
@@ -36,15 +36,16 @@ from __future__ import annotations
 
 import os
 import re
+from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from plinth.core.errors import SpecError
 from plinth.core.gpus import gpu_model
 from plinth.core.resources import MILLI, Request
-from plinth.core.spec import beside, parse_memory
+from plinth.core.spec import beside, parse_memory, trusted
 from plinth.core.workload import Job
 
 # A job without max_runtime is planned as if it ran this long (backfill needs an estimate).
@@ -54,6 +55,11 @@ _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d)?\s*$")
 _SECONDS = {None: 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 # Bounds far beyond any machine, so that absurd numbers are rejected by name, not overflowed.
 MAX_CPUS, MAX_GPUS, MAX_MIB, MAX_RUNTIME_S = 65536, 1024, 2**40, 10 * 365 * 86400
+# What a field with a unit accepts (its OpenAPI schema): MiB or a size such as "4Gi"; seconds
+# or a duration such as "30m".
+MiB = Annotated[int, Field(ge=0, le=MAX_MIB)]
+PositiveMiB = Annotated[int, Field(gt=0, le=MAX_MIB)]
+Size = Annotated[str, Field(pattern=r"^\s*\d+(\.\d+)?\s*(Mi|Gi|Ti)?\s*$")]
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 # What execve accepts as a variable name, and what a shell can export.
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -69,6 +75,7 @@ def _no_nul(value: str, what: str) -> str:
 DEPENDENCY_KINDS = ("after", "afterany", "afterok", "afternotok")
 MAX_DEPENDENCIES = 1000
 MAX_ARRAY_TASKS = 10000
+MAX_ARRAY_INDEX = 2**31 - 1  # the store keeps an index in a 32-bit column (PostgreSQL's INTEGER)
 JobRef = Annotated[int, Field(ge=1, le=2**63 - 1)]
 _ARRAY_PART = re.compile(r"^(\d+)(?:-(\d+)(?::(\d+))?)?$")
 
@@ -86,6 +93,8 @@ def parse_array(text: str) -> tuple[list[int], int | None]:
             raise ValueError(f"expected indices like 0-99, 1,3,5 or 0-15:4, with %N for at "
                              f"most N at a time; got {text!r}")
         first, last, step = int(m.group(1)), int(m.group(2) or m.group(1)), int(m.group(3) or 1)
+        if last > MAX_ARRAY_INDEX:
+            raise ValueError(f"an index is at most {MAX_ARRAY_INDEX}, got {last} in {text!r}")
         if last < first or step < 1:
             raise ValueError(f"{part.strip()!r}: a range runs from low to high in steps >= 1")
         if (last - first) // step + 1 + len(indices) > MAX_ARRAY_TASKS:
@@ -94,6 +103,11 @@ def parse_array(text: str) -> tuple[list[int], int | None]:
     if len(set(indices)) != len(indices):
         raise ValueError(f"an index appears twice in {text!r}")
     return indices, int(limit_text) if limit_text else None
+
+
+# A spec's check: each of an array's (up to 10,000) tasks carries the same text, read back at
+# every restart; expanding it once per task was O(tasks²).
+_check_array = lru_cache(maxsize=256)(parse_array)
 
 
 def parse_duration(value: Any) -> float:
@@ -114,26 +128,50 @@ def parse_duration(value: Any) -> float:
     return seconds
 
 
+# Specs are strict: a number is a number (YAML's `true` or "4" is not taken for 1 or 4), and
+# finite; every number has bounds, so that no accepted value overflows a scheduling pass.
+STRICT = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
+
+
 class Resources(BaseModel):
     """Per worker."""
 
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    model_config = STRICT
 
-    cpus: float = Field(1.0, ge=0, le=MAX_CPUS)
+    # Both default to these; a tenant's job that asks for 0 is refused (see _floor).
+    cpus: float = Field(1.0, ge=0, le=MAX_CPUS, json_schema_extra={"exclusiveMinimum": 0})
     memory: int = Field(4096, ge=0, le=MAX_MIB, json_schema_extra={"unit": "MiB"})
     gpus: int = Field(0, ge=0, le=MAX_GPUS)
     gpu_fraction: float | None = Field(None, gt=0, le=1)
     gpu_memory: int | None = Field(None, ge=0, le=MAX_MIB, json_schema_extra={"unit": "MiB"})
     gpu_model: list[str] = Field(default_factory=list)
 
-    @field_validator("memory", "gpu_memory", mode="before")
+    @field_validator("memory", mode="before", json_schema_input_type=PositiveMiB | Size)
     @classmethod
     def _memory(cls, v: Any) -> int | None:
+        return parse_memory(v)
+
+    @field_validator("gpu_memory", mode="before", json_schema_input_type=MiB | Size | None)
+    @classmethod
+    def _gpu_memory(cls, v: Any) -> int | None:
         return None if v is None else parse_memory(v)
 
-    @field_validator("gpu_model", mode="before")
+    @field_validator("cpus", "memory")
+    @classmethod
+    def _floor(cls, v: float, info: ValidationInfo) -> float:
+        # A job that asked for no CPU or memory would run without a limit, and the scheduler
+        # would count it as using nothing. Only a spec the platform made (a Tune task's tracker
+        # and clients reserve no CPU on purpose: plinth.tune.controller) or read back from its
+        # store (accepted before this floor) is validated with TRUSTED and may ask for 0.
+        if v == 0 and not trusted(info.context):
+            raise ValueError("must be > 0 (got 0)")
+        return v
+
+    @field_validator("gpu_model", mode="before", json_schema_input_type=str | list[str] | None)
     @classmethod
     def _models(cls, v: Any) -> list[str]:
+        if v is not None and not isinstance(v, (str, list)):
+            raise ValueError(f"expected a GPU model or a list of them, got {v!r}")
         names = [v] if isinstance(v, str) else (v or [])
         try:
             return [gpu_model(str(n)).name for n in names]
@@ -154,21 +192,21 @@ class Placement(BaseModel):
     """Ask the platform for a model-parallel placement (Baechi) of the job's model over the GPUs
     it is given; the job reads the plan from $PLINTH_PLACEMENT_PLAN."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
 
     model: str = Field(pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")  # MODULE:FACTORY
     algo: str = Field("m-etf", pattern=r"^m-(etf|sct|topo)$")
     batch: int = Field(64, ge=1, le=1 << 20)
     memory: int | None = Field(None, ge=1, le=MAX_MIB)  # MiB per device; default: the GPU's
 
-    @field_validator("memory", mode="before")
+    @field_validator("memory", mode="before", json_schema_input_type=PositiveMiB | Size | None)
     @classmethod
     def _memory(cls, v: Any) -> int | None:
         return None if v is None else parse_memory(v)
 
 
 class JobSpec(BaseModel):
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    model_config = STRICT
     run_with: ClassVar[str] = "plinth submit FILE"
 
     kind: Literal["Job"] = "Job"
@@ -199,8 +237,9 @@ class JobSpec(BaseModel):
     # A job array, as Slurm's --array: "0-99", "1,3,5", "0-15:4", with "%10" to run at most
     # 10 tasks at a time. Each task is a job of its own, with PLINTH_ARRAY_INDEX.
     array: str | None = None
-    array_index: int | None = Field(None, description="set by the platform for array tasks")
-    array_id: int | None = Field(None, description="set by the platform: the array's id")
+    array_index: int | None = Field(None, ge=0, le=MAX_ARRAY_INDEX,
+                                    description="set by the platform for array tasks")
+    array_id: JobRef | None = Field(None, description="set by the platform: the array's id")
 
     def submitted(self, base: Path | None) -> JobSpec:
         """As sbatch does, the job runs where it is submitted from unless it names a
@@ -216,7 +255,7 @@ class JobSpec(BaseModel):
     @classmethod
     def _array(cls, v: str | None) -> str | None:
         if v is not None:
-            parse_array(v)
+            _check_array(v)
         return v
 
     @field_validator("name")
@@ -227,7 +266,8 @@ class JobSpec(BaseModel):
                              f"letter or digit (got {v!r})")
         return v
 
-    @field_validator("command", mode="before")
+    @field_validator("command", mode="before", json_schema_input_type=Annotated[
+        list[str | int | float | bool], Field(min_length=1)] | Annotated[str, Field(min_length=1)])
     @classmethod
     def _command(cls, v: Any) -> Any:
         if isinstance(v, str):
@@ -251,7 +291,8 @@ class JobSpec(BaseModel):
     def _path(cls, v: str | None) -> str | None:
         return None if v is None else _no_nul(v, "the path")
 
-    @field_validator("env", mode="before")
+    @field_validator("env", mode="before",
+                     json_schema_input_type=dict[str, str | int | float | bool])
     @classmethod
     def _env(cls, v: Any) -> Any:
         # YAML turns `SEED: 1` into an int; an environment holds strings.
@@ -270,7 +311,8 @@ class JobSpec(BaseModel):
             _no_nul(x, f"the value of {k}")
         return v
 
-    @field_validator("max_runtime", mode="before")
+    @field_validator("max_runtime", mode="before", json_schema_input_type=Annotated[
+        float, Field(gt=0, le=MAX_RUNTIME_S)] | str | None)
     @classmethod
     def _runtime(cls, v: Any) -> float | None:
         return None if v is None else parse_duration(v)

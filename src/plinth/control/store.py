@@ -20,7 +20,7 @@ import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -128,6 +128,19 @@ class Event:
     message: str = ""
 
 
+@dataclass(frozen=True, slots=True)
+class Transition:
+    """One job's move for `Store.transitions`, as `Store.transition` takes it."""
+
+    job_id: int
+    old: State
+    new: State
+    at: float
+    kind: str
+    message: str = ""
+    fields: Mapping[str, Any] = field(default_factory=dict)
+
+
 class Store:
     def __init__(self, url: str) -> None:
         self.url = normalise_url(url)
@@ -208,6 +221,40 @@ class Store:
                 raise PlinthError(f"job {job_id}: store does not hold it as {old.value}")
             c.execute(_INSERT_EVENT, {"job_id": job_id, "time": now, "kind": kind,
                                       "message": message})
+
+    def transitions(self, batch: Sequence[Transition]) -> None:
+        """Many `transition`s in one transaction (a cancelled array: thousands of jobs), each
+        set of like changes as one executemany; all of them, or none if a job has moved."""
+        if not batch:
+            return
+        runs: list[tuple[tuple, list[dict]]] = []  # like moves in a row, in the batch's order
+        for t in batch:
+            check_transition(t.job_id, t.old, t.new)
+            key = (t.old, t.new, tuple(sorted(t.fields)))
+            if not runs or runs[-1][0] != key:
+                runs.append((key, []))
+            runs[-1][1].append({"_id": t.job_id, **{f"_{k}": v for k, v in t.fields.items()}})
+        with self._write, self.engine.begin() as c:
+            for (old, new, keys), rows in runs:
+                done = c.execute(jobs.update().where(jobs.c.id == sa.bindparam("_id"),
+                                                     jobs.c.state == old.value)
+                                 .values(state=new.value,
+                                         **{k: sa.bindparam(f"_{k}") for k in keys}),
+                                 rows).rowcount
+                if done != len(rows) and c.dialect.supports_sane_multi_rowcount:
+                    raise PlinthError(f"jobs {rows[0]['_id']}..{rows[-1]['_id']}: the store "
+                                      f"does not hold all {len(rows)} as {old.value}")
+            c.execute(_INSERT_EVENT, [{"job_id": t.job_id, "time": t.at, "kind": t.kind,
+                                       "message": t.message} for t in batch])
+
+    def array_summary(self, array_id: int) -> tuple[set[State], bool]:
+        """The states an array's tasks are in, and whether any has started: one aggregate
+        over the array_id index instead of reading every task back."""
+        q = (sa.select(jobs.c.state, sa.func.max(jobs.c.attempt))
+             .where(jobs.c.array_id == array_id).group_by(jobs.c.state))
+        with self.engine.connect() as c:
+            rows = c.execute(q).all()
+        return {State(s) for s, _ in rows}, any(a for _, a in rows)
 
     def update_job(self, job_id: int, **fields: Any) -> None:
         with self._write, self.engine.begin() as c:

@@ -6,13 +6,24 @@ time it is set. The server's own files stay its own: `$PLINTH_HOME` and everythi
 store, the tokens, the server's logs, the runtime's exit files) are 0700 or 0600, owned by the
 server. What a job may touch lies elsewhere, under the jobs directory:
 
-    JOBS_DIR/            0755 root
-      TENANT/            0700 the tenant's user: its jobs' checkpoints, and their HOME
-        JOB/             made by the job itself when it first saves
+    JOBS_DIR/                0755 root
+      TENANT/                0700 the tenant's user: its jobs' checkpoints, and their HOME
+        JOB/                 made by the job itself when it first saves
+        workload-N/          a workload's units' state (an FL server's rounds), made by them
+      .plinth/               0711 root: the control plane's own, which tenants pass through
+        TENANT/              0750 root:the tenant's group
+          workload-N/        0750 root:group: what a controller hands its units (an FL task's
+                             app and tokens), files 0640, which the jobs read and cannot change
+
+The control plane (root) makes only `TENANT/` in the tenant's part, in a folder no tenant can
+write, and never writes, makes or chowns anything inside it: a tenant could plant a link or a
+FIFO there. What it hands units goes to `.plinth/` (see plinth.control.tenantfs), and what it
+reads back from a tenant's folder it reads only as that tenant's regular files.
 
 A job's log is written through a descriptor the server opens, in `$PLINTH_HOME/logs` (0700), and
-the file belongs to the tenant's user. The tenant `default` (the admin's) runs as the server's
-user unless mapped to another.
+the file belongs to the tenant's user. The tenant `default` (the admin's) is a tenant like any
+other: it runs as `plinth-default` unless the admin maps it to another user. Root is never a
+tenant's user.
 
 When the control plane is not root, every tenant's jobs run as its one user, and tenants are
 isolated only at the API; `plinth up` says so once.

@@ -219,7 +219,7 @@ class Workloads:
         for row in reversed(self.cp.store.workloads(active=True)):
             try:
                 spec = spec_from_dict(row["spec"], source=f"workload {row['id']}",
-                                      kind=row["kind"])
+                                      kind=row["kind"], stored=True)
             except SpecError as e:
                 log.error("%s; it is failed", e)
                 self.cp.store.update_workload(row["id"], state="failed",

@@ -7,7 +7,9 @@ top-level `kind` (`Job` when absent, `Service`, `FLTask`, `Cluster`; see `KINDS`
     spec = load_spec("service.yaml", kind="Service")  # that kind only; `kind:` may be left out
 
 Every error is a one-line `SpecError`: the file, the line when known, the field path and the
-value, e.g. ``train.yaml:7: resources.gpus: must be >= 0 (got -1)``.
+value, e.g. ``train.yaml:7: resources.gpus: must be >= 0 (got -1)``. A file that would cost far
+more to read than its size (aliases that repeat more than 100,000 values, a "billion laughs";
+values nested deeper than 64) is refused the same way, at the line at fault.
 
 Every kind's model has `submitted(base) -> spec`: the spec as `plinth submit` sends it. Its
 paths are made absolute (a file named beside the spec against `base`, the spec's folder; a
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import csv
 import functools
+import math
 import os
 import re
 import typing
@@ -75,11 +78,16 @@ def parse_memory(value: float | str) -> int:
     if isinstance(value, (int, float)):
         if value < 0:
             raise ValueError(f"must be >= 0 (got {value!r})")
+        if not math.isfinite(value):  # int(inf) is an OverflowError, which pydantic passes on
+            raise ValueError(f"must be a finite number (got {value!r})")
         return int(value)
     m = _MEMORY.match(str(value))
     if m is None:
         raise ValueError(f"expected MiB or a size like 512Gi (units Mi, Gi, Ti), got {value!r}")
-    return int(round(float(m.group(1)) * _UNIT_MIB[m.group(2)]))
+    mib = float(m.group(1)) * _UNIT_MIB[m.group(2)]
+    if not math.isfinite(mib):  # 400 digits
+        raise ValueError(f"must be a finite number (got {value!r})")
+    return int(round(mib))
 
 
 def _canonical_model(name: str | None) -> str | None:
@@ -270,10 +278,56 @@ def read_text(path: str | Path, what: str) -> str:
         raise SpecError(f"{path}: cannot read {what}: not UTF-8 text") from None
 
 
+# A small file must not cost much to read. Aliases (`*name`) may repeat at most this many
+# values in all (a "billion laughs" file of a few hundred bytes repeats 10^9), and values nest at
+# most this deep (PyYAML composes recursively: deeper would be a RecursionError, not one line).
+MAX_ALIAS_VALUES = 100_000
+MAX_YAML_DEPTH = 64
+
+
+class _SpecLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing aliases that expand past MAX_ALIAS_VALUES values, aliases
+    to a value that contains them, and nesting deeper than MAX_YAML_DEPTH, at the line of the
+    alias or value at fault."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(text)
+        self._depth = 0
+        self._size: dict[int, int] = {}  # id(node) -> the values it holds, aliases expanded
+        self._repeated = 0  # values that aliases have repeated so far
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node:
+        mark = self.peek_event().start_mark
+        if self.check_event(yaml.AliasEvent):  # the anchored node, composed before
+            node = super().compose_node(parent, index)
+            size = self._size.get(id(node))
+            if size is None:
+                raise yaml.composer.ComposerError(
+                    None, None, "an alias inside the value it names (recursive)", mark)
+            self._repeated += size
+            if self._repeated > MAX_ALIAS_VALUES:
+                raise yaml.composer.ComposerError(
+                    None, None, f"aliases repeat more than {MAX_ALIAS_VALUES} values", mark)
+            return node
+        if self._depth >= MAX_YAML_DEPTH:
+            raise yaml.composer.ComposerError(
+                None, None, f"values nest deeper than {MAX_YAML_DEPTH} levels", mark)
+        self._depth += 1
+        try:
+            node = super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+        kids = node.value if isinstance(node, yaml.SequenceNode) else \
+            [n for pair in node.value for n in pair] if isinstance(node, yaml.MappingNode) else ()
+        self._size[id(node)] = 1 + sum(self._size[id(k)] for k in kids)
+        return node
+
+
 def parse_yaml_nodes(text: str, where: str) -> tuple[Any, yaml.Node | None]:
     """The document and its node tree (which knows every value's line), from one parse; a
-    syntax error names the file and the line."""
-    loader = yaml.SafeLoader(text)
+    syntax error, or a file that would cost far more to read than its size (see _SpecLoader),
+    names the file and the line."""
+    loader = _SpecLoader(text)
     try:
         node = loader.get_single_node()
         return (None if node is None else loader.construct_document(node)), node
@@ -324,6 +378,16 @@ KINDS.add("Cluster", ClusterSpec)
 DEFAULT_KIND = "Job"
 
 
+# The validation context of a spec the platform made itself, or read back from its store: such a
+# spec skips the floors only a tenant's spec must meet (see plinth.control.spec.Resources).
+TRUSTED: dict[str, bool] = {"trusted": True}
+
+
+def trusted(context: Any) -> bool:
+    """Whether a validator's `info.context` is TRUSTED."""
+    return isinstance(context, dict) and context.get("trusted") is True
+
+
 def load_spec(path_or_text: str | Path, *, kind: str | None = None, source: str | None = None,
               overrides: Mapping[str, Any] | None = None) -> Any:
     """Read a spec once and check it with its kind's model; returns the model.
@@ -345,14 +409,15 @@ def load_spec(path_or_text: str | Path, *, kind: str | None = None, source: str 
 
 
 def spec_from_dict(data: Any, *, source: str = "spec", kind: str | None = None,
-                   overrides: Mapping[str, Any] | None = None) -> Any:
+                   overrides: Mapping[str, Any] | None = None, stored: bool = False) -> Any:
     """`load_spec` for an already-parsed document (an API body, a test); `source` prefixes
-    every error and may be empty."""
-    return _check(data, source, kind, overrides, None)
+    every error and may be empty. `stored`: a spec the store holds, accepted when it was
+    submitted, is read with the context TRUSTED (floors added since do not lose it)."""
+    return _check(data, source, kind, overrides, None, TRUSTED if stored else None)
 
 
 def _check(data: Any, where: str, kind: str | None, overrides: Mapping[str, Any] | None,
-           node: yaml.Node | None) -> Any:
+           node: yaml.Node | None, context: dict | None = None) -> Any:
     head = f"{where}: " if where else ""
     if not isinstance(data, dict):
         got = "an empty document" if data is None else f"a {type(data).__name__}"
@@ -368,7 +433,7 @@ def _check(data: Any, where: str, kind: str | None, overrides: Mapping[str, Any]
                         f"spec (run that with `{model.run_with}`)")  # type: ignore[attr-defined]
     data = _override({**data, "kind": name}, overrides or {}, where)
     try:
-        return model.model_validate(data)
+        return model.model_validate(data, context=context)
     except ValidationError as e:
         raise SpecError(errors_message(where, e.errors(), model,
                                        line_of=functools.partial(_line_of, node))) from None

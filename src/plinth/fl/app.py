@@ -30,7 +30,7 @@ from plinth.fl.strategies import STRATEGIES
 
 
 class _Spec(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class DataSpec(_Spec):

@@ -218,13 +218,16 @@ def join_into(pieces: Iterator[bytes], out: bytearray | memoryview) -> int:
     return pos
 
 
-def join(pieces: Iterator[bytes], total: int | None = None) -> bytearray:
-    """Chunks back into one writable buffer (preallocated when `total` is known)."""
-    if total is None:
-        out = bytearray()
-        for p in pieces:
-            out += p
-        return out
-    out = bytearray(total)
-    join_into(pieces, out)
+def join(pieces: Iterator[bytes], total: int | None = None, *,
+         out: bytearray | None = None) -> bytearray:
+    """Chunks back into one writable buffer (`out`, an empty bytearray, when given), grown as
+    they arrive. An announced `total` is checked against what comes, and never allocated up
+    front: a sender that announces more than it sends costs only what it has sent."""
+    out = bytearray() if out is None else out
+    for p in pieces:
+        if total is not None and len(out) + len(p) > total:
+            raise SerdeError(f"corrupt stream: more than the announced {total} bytes")
+        out += p
+    if total is not None and len(out) != total:
+        raise SerdeError(f"corrupt stream: got {len(out)} of the announced {total} bytes")
     return out

@@ -44,7 +44,7 @@ from plinth.fl.messages import (
     NDArrays,
 )
 from plinth.fl.strategies.base import Strategy
-from plinth.fl.transport import Transport
+from plinth.fl.transport import Transport, reply_limit
 
 if TYPE_CHECKING:
     from plinth.fl.safeguards import Safeguards
@@ -112,6 +112,8 @@ class Server:
         """Start from `parameters`, or from the newest checkpoint when `resume` is set."""
         self.strategy.initialize(parameters)
         self.template = template_of(self.strategy.parameters)
+        # a reply larger than an update of this model can be is refused before it is received
+        self.transport.max_reply = reply_limit(self.strategy.parameters)
         if resume and self.checkpoint is not None:
             got = self.checkpoint.latest()
             if got is not None:

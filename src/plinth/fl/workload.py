@@ -11,7 +11,7 @@ plane a running server is re-adopted as any job.
 
 With `server.aggregation.mode: tree` (and no `leaf_listen` of the user's own), the tree's leaf
 aggregators are units too: `leaf-0..N-1`, each `plinth fl leaf` joining the server on loopback
-with a token the controller writes into the task's folder. They are placed on the server's node
+with a token the controller writes for them. They are placed on the server's node
 (`colocate_with`), as LIFL places leaves beside the aggregator they feed, so their updates pass
 through shared memory. The server sizes the tree each round (`size_tree`, published in its
 `tree.json`); the controller keeps that many leaf units and one warm spare, up to `max_leaves`.
@@ -28,16 +28,27 @@ Each second the controller reads the rounds the server has committed (its checkp
 `meta.sqlite`) into the task's status: the round, accuracy per round, participants, failures
 and the privacy budget spent, which `plinth show TASK` prints. The task succeeds when its
 server does, and fails after `MAX_RESTARTS` failed servers.
+
+A task has two folders (see plinth.control.tenantfs). What the controller writes for its units
+(the apps, with paths made absolute, and the tokens of leaves and middles) is in the control
+plane's own (`ControlPlane.workload_files`), which the tenant's jobs read and cannot write or
+swap: it is never written into a folder the tenant owns, so a link or a FIFO planted there sends
+no write of the control plane's anywhere. What the units write (the server's checkpoint, its
+`tree.json` and `results.json`, a middle's status) is in the tenant's own
+(`ControlPlane.workload_dir`), made there by the units, as the tenant; the controller reads it
+back only as the tenant's regular files (`tenantfs.read_regular`), never through a link.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
-import os
 import secrets
 import sqlite3
 import sys
+import tempfile
 from collections.abc import Mapping
+from contextlib import closing
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -46,6 +57,7 @@ import yaml
 
 from plinth.control.kinds import Observed, Unit, Workload
 from plinth.control.spec import JobSpec, Resources
+from plinth.control.tenantfs import Handout, read_regular
 from plinth.core.errors import SpecError
 from plinth.core.net import free_port
 from plinth.sched.lifecycle import State
@@ -55,6 +67,8 @@ RECENT_ROUNDS = 50  # accuracy per round kept in the status (the checkpoint has 
 WARM_LEAVES = 1  # leaf units kept beyond the round's tree, ready for the next
 LEAF = Resources(cpus=0.25, memory=512)  # per leaf aggregator unit: LIFL packs them by CPU
 MIDDLE = Resources(cpus=0.5, memory=1024)  # per middle aggregator unit (it relays and routes)
+STATUS_BYTES = 1 << 16  # a unit's tree.json is read up to this size
+META_BYTES = 64 << 20  # the server's round records (meta.sqlite, its WAL) are read up to this
 
 
 class FLTaskController:
@@ -63,6 +77,7 @@ class FLTaskController:
     def __init__(self, *, host: str = "127.0.0.1") -> None:
         self.host = host
         self.cp: Any = None
+        self._seen: dict[int, tuple[bytes, bytes]] = {}  # the checkpoint last read, per task
 
     def bind(self, cp: Any) -> None:
         self.cp = cp
@@ -88,7 +103,13 @@ class FLTaskController:
                             f"{spec.data.clients} clients (data.clients) leave one without any")
 
     def _dir(self, w: Workload) -> Path:
+        """The task's folder in its tenant's own: its units' state, which they make."""
         return self.cp.workload_dir(w.id, w.tenant)
+
+    def _files(self, w: Workload) -> Handout:
+        """The task's folder of the files its units read (the apps and tokens): the control
+        plane's own, which the tenant cannot write or swap (plinth.control.tenantfs)."""
+        return self.cp.workload_files(w.id, w.tenant)
 
     def started(self, w: Workload) -> None:
         """Pick the server's address once, and write the app where the server's job reads it
@@ -114,26 +135,15 @@ class FLTaskController:
         w.status.setdefault("round", 0)
         w.status.setdefault("rounds", w.spec.server.rounds)
 
-    def _write(self, w: Workload, name: str, text: str, mode: int = 0o644) -> str:
-        """Write a file of the task's folder, owned by the task's tenant; its path."""
-        d = self._dir(w)
-        owner = d.stat()
-        path = d / name
-        if not path.parent.exists():
-            path.parent.mkdir()
-            os.chown(path.parent, owner.st_uid, owner.st_gid)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)  # never readable wider
-        with os.fdopen(fd, "w") as f:
-            os.fchmod(fd, mode)
-            os.fchown(fd, owner.st_uid, owner.st_gid)
-            f.write(text)
-        return str(path)
+    def _write(self, w: Workload, name: str, text: str) -> str:
+        """Write a file for the task's units (readable by its tenant's group only); its path."""
+        return str(self._files(w).write(name, text))
 
     def _token(self, w: Workload, name: str) -> str:
-        """A token file of the task's folder, made once from the OS CSPRNG; its path."""
-        path = self._dir(w) / name
-        return str(path) if path.exists() else \
-            self._write(w, name, secrets.token_urlsafe(32), 0o600)
+        """A token file for the task's units, made once from the OS CSPRNG; its path."""
+        files = self._files(w)
+        return str(files.dir / name) if files.read(name) is not None else \
+            self._write(w, name, secrets.token_urlsafe(32))
 
     def _middle_apps(self, w: Workload, doc: dict[str, Any]) -> None:
         """With middles: each middle's app (its tree of leaves, the clients' tokens), and the
@@ -148,7 +158,7 @@ class FLTaskController:
         for m in w.status["middles"]:
             name = m["name"]
             token = self._token(w, f"{name}/upstream.token")
-            upstream.append(f"{name} {Path(token).read_text().strip()}")
+            upstream.append(f"{name} {Path(token).read_text().strip()}")  # the plane's own file
             mid = {**doc, "server": {**doc["server"], "aggregation": {
                 **agg, "middles": 0, "leaf_listen": m["leaf_address"],
                 "leaf_token_file": self._token(w, f"{name}/leaf.token")}}}
@@ -156,7 +166,7 @@ class FLTaskController:
         doc["server"] |= {"fraction": 1.0, "min_clients": 1, "min_available": n,
                           "aggregation": {"mode": "stream"}}
         doc["transport"] = {**doc["transport"], "tokens": self._write(
-            w, "middles.tokens", "\n".join(upstream) + "\n", 0o600)}
+            w, "middles.tokens", "\n".join(upstream) + "\n")}
 
     def units(self, w: Workload, observed: Mapping[str, Observed], now: float) -> list[Unit]:
         server = observed.get("server")
@@ -169,27 +179,27 @@ class FLTaskController:
                 w.status.get("failed_server_job") != server.job_id:  # count each failure once
             w.status["restarts"] = w.status.get("restarts", 0) + 1
             w.status["failed_server_job"] = server.job_id
-        d = self._dir(w)
-        command = [sys.executable, "-m", "plinth.cli.main", "fl", "server", str(d / "app.yaml"),
+        d, files = self._dir(w), self._files(w).dir
+        command = [sys.executable, "-m", "plinth.cli.main", "fl", "server", str(files / "app.yaml"),
                    "--address", w.status["address"], "--checkpoint", str(d / "server"),
                    "--resume", "--json", str(d / "results.json")]
         out = [Unit("server", self._job(w, "server", command, w.spec.resources))]
         if self._leaves(w) and (server is None or not server.state.terminal):
-            out += self._leaf_units(w, "server", w.status["leaf_address"], d)
+            out += self._leaf_units(w, "server", w.status["leaf_address"], files)
         # Middles stay while a failed server is started again: they, like clients, join it
         # again. A middle that has succeeded was told by the server that the task is over.
         middles = [m for m in w.status.get("middles", [])
                    if getattr(observed.get(m["name"]), "state", None) is not State.SUCCEEDED]
         for m in middles:
-            name, md = m["name"], d / m["name"]
+            name, md, mf = m["name"], d / m["name"], files / m["name"]
             command = [sys.executable, "-m", "plinth.cli.main", "fl", "aggregator",
-                       str(md / "app.yaml"), "--server", w.status["address"], "--address",
+                       str(mf / "app.yaml"), "--server", w.status["address"], "--address",
                        m["address"], "--clients", str(m["clients"]), "--name", name,
-                       "--token-file", str(md / "upstream.token"), "--status-dir", str(md),
+                       "--token-file", str(mf / "upstream.token"), "--status-dir", str(md),
                        "--fraction", str(w.spec.server.fraction)]
             out.append(Unit(name, self._job(w, name, command, MIDDLE),
                             apart_from=tuple(x["name"] for x in middles if x is not m)))
-            out += self._leaf_units(w, name, m["leaf_address"], md)
+            out += self._leaf_units(w, name, m["leaf_address"], mf)
         if w.status.get("round", 0) >= w.spec.server.rounds:
             # The last round is in: the units still up finish on their own, and none that
             # ended is started again (a leaf whose middle is closing would be, and a launch
@@ -205,13 +215,14 @@ class FLTaskController:
 
     def _leaf_units(self, w: Workload, parent: str, address: str, folder: Path) -> list[Unit]:
         """The leaves of `parent` (the server, or a middle), on its node: the round's tree
-        (its `tree.json` in `folder`) and a warm spare, at most max_leaves; before the first
-        round, the tree's first size and the spare."""
+        (the `tree.json` its unit publishes) and a warm spare, at most max_leaves; before the
+        first round, the tree's first size and the spare. `folder`: where their token is."""
         agg = w.spec.server.aggregation
-        shape = folder / "server" / "tree.json" if parent == "server" else folder / "tree.json"
+        shape = self._state(w, "server/tree.json" if parent == "server" else
+                            f"{parent}/tree.json", STATUS_BYTES)
         try:
-            want = int(json.loads(shape.read_text())["leaves"])
-        except (OSError, ValueError, KeyError, TypeError):
+            want = int(json.loads(shape or b"")["leaves"])
+        except (ValueError, KeyError, TypeError):
             want = 1 if agg.leaves == "auto" else agg.leaves
         command = [sys.executable, "-m", "plinth.cli.main", "fl", "leaf", "--connect", address,
                    "--token-file", str(folder / "leaf.token")]
@@ -233,22 +244,45 @@ class FLTaskController:
             return None
         if server.state is State.SUCCEEDED:
             self._read(w)
+            self._seen.pop(w.id, None)
             return "succeeded"
-        return "failed" if w.status.get("restarts", 0) >= MAX_RESTARTS else None
+        if w.status.get("restarts", 0) >= MAX_RESTARTS:
+            self._seen.pop(w.id, None)
+            return "failed"
+        return None
 
     def tick(self, ws: list[Workload], now: float) -> list[Workload]:
         return [w for w in ws if self._read(w)]
 
+    def _state(self, w: Workload, rel: str, limit: int) -> bytes | None:
+        """A file a unit of the task wrote in its folder (`rel` inside it), read as the
+        tenant's regular file only, without following a link or waiting on a FIFO."""
+        d = self._dir(w)
+        return read_regular(d.parent, f"{d.name}/{rel}", limit)
+
     def _read(self, w: Workload) -> bool:
-        """The rounds committed since the last read, into the status; True if any."""
-        db = self._dir(w) / "server" / "meta.sqlite"
-        if not db.exists():
+        """The rounds committed since the last read, into the status; True if any. The
+        server's `meta.sqlite` (and its write-ahead log, read first) is copied out of the
+        tenant's folder and read from the copy, so that SQLite never opens a path there."""
+        wal = self._state(w, "server/meta.sqlite-wal", META_BYTES)
+        db = self._state(w, "server/meta.sqlite", META_BYTES)
+        if db is None:
             return False
+        seen = (hashlib.sha256(db).digest(), hashlib.sha256(wal or b"").digest())
+        if self._seen.get(w.id) == seen:
+            return False
+        self._seen[w.id] = seen
         try:
-            with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1) as c:
-                rows = c.execute("SELECT round, record FROM rounds WHERE round > ? "
-                                 "ORDER BY round", (w.status.get("round", 0),)).fetchall()
-        except sqlite3.Error:
+            with tempfile.TemporaryDirectory(prefix="plinth-fl-meta-") as tmp:
+                copy = Path(tmp) / "meta.sqlite"
+                copy.write_bytes(db)
+                if wal:
+                    Path(f"{copy}-wal").write_bytes(wal)
+                with closing(sqlite3.connect(copy, timeout=1)) as c:
+                    rows = c.execute("SELECT round, record FROM rounds WHERE round > ? "
+                                     "ORDER BY round", (w.status.get("round", 0),)).fetchall()
+        except sqlite3.Error:  # caught mid-write: read again next time
+            self._seen.pop(w.id, None)
             return False
         if not rows:
             return False

@@ -30,6 +30,7 @@ def main(argv: list[str]) -> int:
     devices = gpu_count(dict(os.environ))
     memory = int(request["memory_bytes"])
     out = Path(os.environ.get("PLINTH_CHECKPOINT_DIR") or ".") / "placement.json"
+    out.parent.mkdir(parents=True, exist_ok=True)  # made here, as the job's user
     key = {**request, "devices": devices}
     plan = None
     if out.exists():

@@ -107,6 +107,7 @@ class _Attempt:
     ended: list[_Worker] = field(default_factory=list)  # in the order they were seen to end
     kill_at: float | None = None  # monotonic time of the SIGKILL that ends a stop's grace
     reason: str = ""
+    log_path: str = ""  # where a command that could not start says why (see `_final`)
     marker_seen: tuple[int, ...] | None = None  # (inode, mtime, ctime, size) last looked at
     marker_last: tuple[int, float] | None = None  # (step, time) last reported
 
@@ -204,7 +205,8 @@ class LocalRuntime(EventQueue):
                               f"did not start: {e}") from None
         with self._lock:
             self._attempts[key] = _Attempt(spec.job_id, spec.attempt, started,
-                                           spec.checkpoint_dir, launched_at)
+                                           spec.checkpoint_dir, launched_at,
+                                           log_path=spec.log_path)
         return _handle(spec, started)
 
     def find(self, job_id: int, attempt: int, workers: int) -> Handle | None:
@@ -484,7 +486,10 @@ class LocalRuntime(EventQueue):
             return RuntimeEvent(att.job_id, att.attempt, EventKind.LOST, None,
                                 f"rank {lost[0]} ended without leaving an exit code")
         code = next((w.code for w in att.ended if w.code), 0)
-        return RuntimeEvent(att.job_id, att.attempt, EventKind.EXITED, code, att.reason)
+        reason = att.reason
+        if code in (126, 127) and not reason and att.log_path:
+            reason = _start_error(att.log_path)
+        return RuntimeEvent(att.job_id, att.attempt, EventKind.EXITED, code, reason)
 
     def _journal(self, job_id: int, attempt: int) -> Path:
         """Where `launch` records an attempt's workers as they start, until the attempt ends:
@@ -550,6 +555,24 @@ def _ended(wk: _Worker) -> bool:
         killpg(wk.pid, signal.SIGKILL)
     wk.done, wk.code = True, read_exit(wk.exit_file, 137 if wk.killed else None)
     return True
+
+
+def _start_error(log_path: str) -> str:
+    """The line a shim wrote on why its command could not start (exit 126 or 127), from the
+    end of the job's log (a file in the server's own folder); "" if there is none."""
+    try:
+        fd = os.open(log_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return ""
+    try:
+        size = os.fstat(fd).st_size
+        tail = os.pread(fd, 4096, max(0, size - 4096)).decode(errors="replace")
+    except OSError:
+        return ""
+    finally:
+        os.close(fd)
+    lines = [ln for ln in tail.splitlines() if ln.startswith("plinth shim: ")]
+    return lines[-1].removeprefix("plinth shim: ") if lines else ""
 
 
 def _split_nodes(name: str, gpus: list[GpuInfo], *, fake: bool) -> dict[str, _LocalNode]:

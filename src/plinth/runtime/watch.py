@@ -38,6 +38,9 @@ def check_launch(spec: LaunchSpec, *, closed: bool, gpus_on: Mapping[str, int],
         raise PlinthError(f"{where}: command is empty")
     if not spec.workers:
         raise PlinthError(f"{where}: workers is empty")
+    for k, v in spec.env.items():  # as execve would refuse them, but before anything starts
+        if not k or "=" in k or "\0" in k or "\0" in v:
+            raise PlinthError(f"{where}: env: illegal environment variable {k!r}"[:300])
     ranks = sorted(w.rank for w in spec.workers)
     if ranks != list(range(len(ranks))):
         raise PlinthError(f"{where}: workers: ranks must be 0..{len(ranks) - 1}, got {ranks}")

@@ -17,6 +17,7 @@ queue (`tenant_queues`) and a borrowing tenant's jobs handed out as reclaim vict
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +27,11 @@ from plinth.sched.types import JobState
 
 # How a tenant would hold a job it asks to start.
 NOMINAL, BORROW, NO_QUOTA = "nominal", "borrow", "no-quota"
+# The most GPUs a quota or a borrowing limit may name: far beyond any cluster, and small enough
+# that milli-GPUs stay exact ints. The API refuses more; a store written before it did may hold
+# 1e308, inf or NaN, which `platform_quotas` reads as this bound (NaN: as no quota) so that no
+# pass overflows.
+MAX_QUOTA_GPUS = 1 << 20
 
 
 def gpus(milli: int) -> str:
@@ -65,7 +71,8 @@ def platform_quotas(tenants: Iterable[Mapping[str, Any]], total_gpus: float
     (`derive_quotas`). Otherwise each tenant without a quota gets an equal share of the GPUs
     the explicit quotas leave, so `default` is not held to 0 nominal GPUs (and preempted on
     every reclaim) as soon as another tenant is given a quota."""
-    rows = list(tenants)
+    rows = [{**t, "gpus": _bounded(t["gpus"]), "borrowing_limit": _bounded(t["borrowing_limit"])}
+            for t in tenants]
     unset = [t for t in rows if t["gpus"] is None]
     if len(unset) == len(rows):
         return ()
@@ -73,6 +80,13 @@ def platform_quotas(tenants: Iterable[Mapping[str, Any]], total_gpus: float
     rest = iter(equal_shares(left, len(unset)) if unset else ())
     return tuple(TenantQuota(t["name"], next(rest) if t["gpus"] is None else t["gpus"],
                              t["borrowing_limit"]) for t in rows)
+
+
+def _bounded(value: float | None) -> float | None:
+    """A stored quota within [0, MAX_QUOTA_GPUS]; None for none (or NaN)."""
+    if value is None or math.isnan(value):
+        return None
+    return min(max(float(value), 0.0), float(MAX_QUOTA_GPUS))
 
 
 @dataclass(slots=True)

@@ -35,7 +35,7 @@ class Batching(BaseModel):
     measured execution time stays under about half the SLO (`max_batch: 0`), or `max_batch`;
     a batch waits at most `max_wait_ms` to fill."""
 
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
     max_batch: int = Field(0, ge=0, le=4096)
     max_wait_ms: float = Field(5.0, ge=0, le=10_000)
 
@@ -49,7 +49,7 @@ class Tuned(BaseModel):
     records tuned at the share nearest its own (its CPU count on `cpu`, its GPU share in percent
     on `cuda`) and runs it on the Relax VM instead of torch. See `plinth.serve.tuned`."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     db: str = Field(min_length=1, description="the Tune task's database folder")
     target: Literal["cpu", "cuda"] = "cpu"
 
@@ -72,7 +72,7 @@ class ServiceSpec(BaseModel):
     ```
     """
 
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
     run_with: ClassVar[str] = "plinth submit FILE"
 
     kind: Literal["Service"] = "Service"
@@ -83,7 +83,8 @@ class ServiceSpec(BaseModel):
     input_shape: list[Annotated[int, Field(ge=1, le=1 << 20)]] = Field(
         default_factory=lambda: [1, 28, 28], min_length=1, max_length=8)
     slo_ms: float = Field(gt=0, le=3_600_000)
-    service_ms: float | None = Field(None, gt=0, description="one request's time on a replica; "
+    service_ms: float | None = Field(None, gt=0, le=3_600_000,
+                                     description="one request's time on a replica; "
                                      "default: measured by `plinth submit`")
     resources: Resources = Field(default_factory=lambda: Resources(cpus=1, memory=1024))
     min_replicas: int = Field(1, ge=1, le=1000)

@@ -31,6 +31,7 @@ from pathlib import Path
 from plinth.control.kinds import Observed, Unit, Workload
 from plinth.control.spec import JobSpec, Resources
 from plinth.core.errors import SpecError
+from plinth.core.spec import TRUSTED
 from plinth.sched.lifecycle import State
 from plinth.tune.plan import share_key
 from plinth.tune.spec import TuneSpec
@@ -128,10 +129,16 @@ def _job(spec: TuneSpec, unit: str, command: list[str], resources: Resources) ->
                    preemptible=False)  # a preempted server or client loses its trials
 
 
+def no_cpu(memory_mib: int) -> Resources:
+    """Resources that reserve no CPU: a tenant's spec may not ask for that, the platform's
+    own units may (TRUSTED)."""
+    return Resources.model_validate({"cpus": 0, "memory": memory_mib}, context=TRUSTED)
+
+
 def tracker_job(spec: TuneSpec) -> JobSpec:
     return _job(spec, "tracker",
                 [PYTHON, "-m", "plinth.tune.tracker", "--addr-file", tracker_file(spec)],
-                Resources(cpus=0, memory=TRACKER_MIB))  # no CPU: see the module's docstring
+                no_cpu(TRACKER_MIB))  # no CPU: see the module's docstring
 
 
 def server_job(spec: TuneSpec, share: float, name: str) -> JobSpec:
@@ -155,4 +162,4 @@ def client_job(spec: TuneSpec, share: float, index: int, name: str) -> JobSpec:
            "--tracker-file", tracker_file(spec)]
     # A client reserves no CPU of its own: its search and builds run between its server's
     # measurements, so a share can be a whole small machine (2 of 2 cores) and still be tuned.
-    return _job(spec, name, cmd, Resources(cpus=0, memory=spec.memory))
+    return _job(spec, name, cmd, no_cpu(spec.memory))

@@ -12,7 +12,9 @@ records by task (the workload's structural hash). `meta.json` is written when a 
 from __future__ import annotations
 
 import json
+import os
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -57,11 +59,31 @@ class TunedRecords:
         return dbs[0] if len(dbs) == 1 else ms.database.UnionDatabase(*dbs)
 
 
+MAX_RECORDS_BYTES = 1 << 30  # a records file larger than this is not one a tuning task wrote
+
+
 def _lines(path: Path) -> int:
-    if not path.exists():
+    """Records (non-blank lines) in a file of the database; 0 if it is not a regular file of
+    at most MAX_RECORDS_BYTES. The control plane reads a service's database to say what it
+    runs (`plinth show`): a FIFO, a device or a file of one endless line that a tenant put there
+    must not stall it or fill its memory, so the file is opened without blocking and counted a
+    block at a time."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    except OSError:
         return 0
-    with open(path, "rb") as f:
-        return sum(1 for line in f if line.strip())
+    with open(fd, "rb", buffering=0) as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_RECORDS_BYTES:
+            return 0
+        count, blank = 0, True
+        while block := f.read(1 << 20):
+            *ended, rest = block.split(b"\n")
+            for line in ended:
+                count += not (blank and not line.strip())
+                blank = True
+            blank = blank and not rest.strip()
+        return count + (not blank)
 
 
 def shares_tuned(db: str | Path, model_dir: str, target: str) -> dict[float, TunedRecords]:

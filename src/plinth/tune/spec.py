@@ -38,7 +38,7 @@ _MODEL = r"^([A-Za-z_][\w.]*:[A-Za-z_]\w*|.+\.pt2)$"
 
 
 class TuneSpec(BaseModel):
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
     run_with: ClassVar[str] = "plinth submit FILE"
 
     kind: Literal["Tune"] = "Tune"
@@ -56,7 +56,7 @@ class TuneSpec(BaseModel):
     seed: int = Field(0, ge=0, le=2**31 - 1)
     # local: MetaSchedule's pool of build processes; inline: builds in each client (few cores)
     builder: Literal["local", "inline"] = "local"
-    memory: int = Field(2048, ge=64, json_schema_extra={"unit": "MiB"})  # per unit
+    memory: int = Field(2048, ge=64, le=2**40, json_schema_extra={"unit": "MiB"})  # per unit
     db: str = Field("tune-db", min_length=1)
     # Last, so that its (slow) import check runs only once every other field is valid.
     model: str = Field(pattern=_MODEL)

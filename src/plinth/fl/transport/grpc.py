@@ -11,9 +11,13 @@ never becomes one huge gRPC message. Clients dial out to the server (so they may
 - ``Consent`` (unary)        a client grants, revokes or lists its own consent; the id is the
                              one its token proves, never one it claims (needs tokens).
 
-A pushed reply's chunks are written straight into one buffer of the announced size: the buffer
-`landing(total)` gives when the server set it (the aggregator tree's shared-memory slot, which a
-leaf folds in place), else a plain one. At most `max_bodies` pushed replies are held whole at
+A pushed reply's size is announced in its header and checked before anything is allocated
+for it: one larger than `max_reply` (which the server sets from its model's size, see
+`plinth.fl.transport.reply_limit`) is refused with RESOURCE_EXHAUSTED, its task is lost and its client dropped (it
+must join again). The chunks are then written straight into the buffer `landing(total)` gives
+when the server set it (the aggregator tree's shared-memory slot, which a leaf folds in place),
+else into a plain buffer that grows as they arrive, so a client that announces more than it
+sends holds only what it sent. At most `max_bodies` pushed replies are held whole at
 once (being received, or received and not yet dropped by the server once folded): a push past
 that waits, and gRPC's flow control holds its client back. A push that breaks off mid-stream
 resolves its task as lost at once, and nothing of it reaches the server: its buffer (a landing
@@ -50,7 +54,7 @@ log = logging.getLogger("plinth.fl.grpc")
 
 SERVICE = "plinth.fl.Fleet"
 POLL_SECONDS = 2.0
-MAX_MESSAGE = 64 << 30  # refuse pushes announcing more than 64 GiB
+MAX_MESSAGE = 64 << 30  # refuse pushes announcing more than 64 GiB (before a model is known)
 
 
 def parse_address(address: str, what: str = "--server", *, any_port: bool = False
@@ -187,6 +191,8 @@ class GrpcTransport:
         # where a reply of `total` bytes is received, set by the server for a round (see
         # `Accumulator.landing`); None, or None from it: a plain buffer
         self.landing: Callable[[int], Any] | None = None
+        # the largest reply a push may announce; the server sets it from its model's size
+        self.max_reply = MAX_MESSAGE
         self.bodies = 0  # whole replies held now ...
         self.peak_bodies = 0  # ... and at most, so far
         self._server = grpc.server(ThreadPoolExecutor(workers),
@@ -305,8 +311,17 @@ class GrpcTransport:
                 self._peers[cid].last_seen = time.monotonic()
         if owner is None or owner[0] != cid:
             context.abort(grpc.StatusCode.NOT_FOUND, f"Push: no open task {task_id} for {cid!r}")
-        if not 0 <= total <= MAX_MESSAGE:
+        if total < 0:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"Push: bad size {total}")
+        limit = min(self.max_reply, MAX_MESSAGE)
+        if total > limit:  # refused before anything is allocated for it
+            why = (f"Push: a reply of {total} bytes announced, more than the {limit} a reply "
+                   f"to this task can take (from the model's size); client {cid!r} dropped")
+            log.warning("%s", why)
+            with self._lock:
+                self._peers.pop(cid, None)  # it must join again to be given a task
+            self._resolve(task_id, error=why)
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, why)
         if not self._room.acquire(timeout=self.body_wait):
             self._resolve(task_id, error=f"no room for the reply within {self.body_wait:g}s")
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "Push: the server is full")
@@ -314,7 +329,10 @@ class GrpcTransport:
         body = None
         try:
             body = self._buffer(total)
-            serde.join_into(frames, body)
+            if isinstance(body, _Body):  # grown as the chunks come, up to `total`
+                serde.join(frames, total, out=body)
+            else:  # the server's landing slot, of the announced size
+                serde.join_into(frames, body)
         except Exception as e:  # a corrupt or broken-off stream (any error): a lost task
             # the partial upload is dropped here, never handed to the server; the finished
             # frames' views of it go first, so that its room (and slot) are free at once
@@ -332,12 +350,12 @@ class GrpcTransport:
         return b"{}"
 
     def _buffer(self, total: int) -> Any:
-        """The buffer a reply is received into; its room is freed when it (every view of
-        it) dies."""
+        """The buffer a reply is received into: a landing slot of `total` bytes, else an empty
+        one that grows as the reply comes; its room is freed when it (every view of it) dies."""
         land = self.landing
         body = land(total) if land is not None else None
         if body is None:
-            body = _Body(total)
+            body = _Body()
         weakref.finalize(body, self._freed)
         return body
 

@@ -23,6 +23,7 @@ class ThreadTransport:
     """Real `ClientRunner`s called from threads; the bytes are copied as a socket would."""
 
     landing: Any = None  # replies come back whole, never landed
+    max_reply: int | None = None  # from processes of ours, not off a network: no limit
 
     def __init__(self, runners: dict[str, ClientRunner],
                  properties: dict[str, dict[str, Any]] | None = None, threads: int = 4) -> None:
@@ -70,6 +71,7 @@ class PoolTransport:
     """
 
     landing: Any = None  # replies come back whole, never landed
+    max_reply: int | None = None  # from processes of ours, not off a network: no limit
 
     def __init__(self, app_path: str, overrides: dict[str, Any], num_clients: int,
                  sizes: list[int], *, workers: int | None = None,

@@ -78,6 +78,7 @@ class RayTransport:
     Ray must be connected (`ray_session`)."""
 
     landing: Any = None  # replies come back whole, never landed
+    max_reply: int | None = None  # from processes of ours, not off a network: no limit
 
     def __init__(self, app_path: str, overrides: dict[str, Any], num_clients: int,
                  sizes: list[int], *, actors: int | None = None, client_cpus: float = 1.0,
