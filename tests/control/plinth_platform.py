@@ -65,6 +65,22 @@ class Platform:
 
         return Client(self.url, token or self.token)
 
+    def await_health(self, log: Path) -> Platform:
+        """Wait until the server started by hand answers; its `log` is shown if it died."""
+        import time
+
+        from plinth.core.errors import PlinthError
+
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with self.client("-") as c:
+                    c.health()
+                return self
+            except PlinthError:
+                assert self.proc.poll() is None and time.monotonic() < deadline, log.read_text()
+                time.sleep(0.1)
+
     def launched(self, job_id: int) -> bool:
         """Whether the store holds the job's launch (its handle). "running" is recorded when the
         scheduler starts a job, before its processes are forked: a control plane killed between
@@ -108,9 +124,6 @@ class TlsPlatform(Platform):
 
     def start(self) -> Platform:
         import sys
-        import time
-
-        from plinth.core.errors import PlinthError
 
         self.home.mkdir(parents=True, exist_ok=True)
         with open(self.home / "server.log", "ab") as out:
@@ -118,16 +131,7 @@ class TlsPlatform(Platform):
                 [sys.executable, "-m", "plinth.cli.main", "up", "--home", str(self.home),
                  "--port", str(self.port), "--fake-gpus", "4xA100", "--grace", "2", *self.extra],
                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with self.client("-") as c:
-                    c.health()
-                return self
-            except PlinthError:
-                assert self.proc.poll() is None and time.monotonic() < deadline, \
-                    (self.home / "server.log").read_text()
-                time.sleep(0.1)
+        return self.await_health(self.home / "server.log")
 
     def client(self, token: str | None = None):
         from plinth.client import Client

@@ -17,7 +17,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -46,8 +45,6 @@ class FuzzedPlatform(Platform):
     """`plinth up` as `nobody` where the tests run as root; as this user otherwise."""
 
     def start(self) -> Platform:
-        from plinth.core.errors import PlinthError
-
         as_nobody: list[str] = []
         if os.geteuid() == 0:
             as_nobody = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"]
@@ -60,16 +57,7 @@ class FuzzedPlatform(Platform):
                  str(self.home), "--port", str(self.port), "--fake-gpus", "4xA100", "--grace",
                  "2", "--min-runtime", "0"], stdout=out, stderr=subprocess.STDOUT,
                 start_new_session=True, env={**os.environ, "HOME": str(self.home)})
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with self.client("-") as c:
-                    c.health()
-                return self
-            except PlinthError:
-                assert self.proc.poll() is None and time.monotonic() < deadline, \
-                    (self.home.parent / "server.log").read_text()
-                time.sleep(0.1)
+        return self.await_health(self.home.parent / "server.log")
 
 
 @pytest.fixture(scope="module")
