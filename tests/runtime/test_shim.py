@@ -4,6 +4,7 @@ log stops growing at its limit. Each promise is attacked as a tenant would."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -137,3 +138,18 @@ def test_the_command_line_is_not_in_the_shims_argv(tmp_path):
     finally:
         os.killpg(p.pid, 9)
         p.wait()
+
+
+def test_a_writer_left_behind_does_not_keep_the_shim(tmp_path):
+    """The command ends, but what it started in the background writes on without end: the
+    shim still ends with the command's code (the runtime then kills what is left)."""
+    launch = {"argv": ["/bin/sh", "-c", "(while :; do echo spam; done) & exit 5"],
+              "env": {"PATH": os.defpath}, "cwd": None, "user": None}
+    p = subprocess.Popen([PY, "-I", SHIM, str(tmp_path / "exit")], stdin=subprocess.PIPE,
+                         stdout=subprocess.DEVNULL, start_new_session=True)
+    try:
+        p.communicate(json.dumps(launch).encode(), timeout=60)
+        assert p.returncode == 5 and (tmp_path / "exit").read_text() == "5\n"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(p.pid, 9)

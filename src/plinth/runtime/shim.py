@@ -137,19 +137,21 @@ def _pump(r, log):
     poller.register(r, select.POLLIN)
     status, drain = None, DRAIN_BYTES
     while drain > 0:
-        if poller.poll(100 if status is None else 0):
-            data = os.read(r, 1 << 16)
-            if not data:  # every writer is gone
-                return os.waitpid(_child, 0)[1] if status is None else status
-            log.write(data)
+        readable = poller.poll(100 if status is None else 0)
+        if status is None:  # looked at after every read too: a writer it left may never stop
+            pid, st = os.waitpid(_child, os.WNOHANG)
+            if pid:
+                status = st
+        if not readable:
             if status is not None:
-                drain -= len(data)
+                break  # ended, and nothing more to read now
             continue
+        data = os.read(r, 1 << 16)
+        if not data:  # every writer is gone
+            return os.waitpid(_child, 0)[1] if status is None else status
+        log.write(data)
         if status is not None:
-            break  # ended, and nothing more to read now
-        pid, st = os.waitpid(_child, os.WNOHANG)
-        if pid:
-            status = st
+            drain -= len(data)
     return status
 
 
