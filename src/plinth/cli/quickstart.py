@@ -18,7 +18,8 @@ import typer
 from rich.console import Group
 from rich.live import Live
 
-from plinth.cli.platform import console, fl_table, jobs_table, nodes_table, services_table
+from plinth.cli.platform import console, jobs_table
+from plinth.cli.tables import fl_table, nodes_table, services_table
 from plinth.cli.tune import tune_table
 from plinth.client import Client
 from plinth.core.errors import PlinthError

@@ -95,10 +95,9 @@ def sim(
 ) -> None:
     """Replay a trace under one or more scheduling policies."""
     from plinth.core.spec import load_cluster
-    from plinth.sim.traces import load_trace
-
     from plinth.core.throughput import DEFAULT_THROUGHPUTS, Throughputs
     from plinth.sim.run import check_job_types, parse_rounds
+    from plinth.sim.traces import load_trace
 
     names = _policy_list(policy, compare_)
     round_s = parse_rounds(rounds)

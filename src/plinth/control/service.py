@@ -15,10 +15,8 @@ event and at the owner's next timer (a time limit, a lease ending), and otherwis
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import sys
 import threading
 import time
 from collections import deque
@@ -29,6 +27,7 @@ from typing import TypeVar
 from plinth.control import tenantfs, users
 from plinth.control.cancel import cancel_array, cancel_jobs
 from plinth.control.holds import Holds
+from plinth.control.launchspec import launch_spec
 from plinth.control.metrics import ControlMetrics
 from plinth.control.recovery import Recovery, recover
 from plinth.control.spec import JobSpec, parse_array
@@ -43,7 +42,6 @@ from plinth.runtime.base import (
     LaunchSpec,
     Runtime,
     RuntimeEvent,
-    worker_launches,
 )
 from plinth.runtime.batch import Launcher, launch_error
 from plinth.sched import owner as o
@@ -529,7 +527,7 @@ class ControlPlane:
 
     def _spec_or_error(self, ins: o.Launch) -> LaunchSpec | str:
         try:
-            return self._launch_spec(ins)
+            return launch_spec(self, ins)
         except Exception as e:  # noqa: BLE001 -- this job's alone: it becomes launch-failed
             return launch_error(ins.job_id, e)
 
@@ -563,50 +561,3 @@ class ControlPlane:
         run_as = self.run_as(tenant)
         gid = users.UnixUser.named(run_as).gid if run_as else os.getegid()
         return tenantfs.handout(self.jobs_dir, self.home, tenant, gid, f"workload-{workload_id}")
-
-    def _launch_spec(self, ins: o.Launch) -> LaunchSpec:
-        spec, alloc = self.specs[ins.job_id], ins.allocation
-        req = spec.request()
-        workers = worker_launches(self.cluster, alloc, req)
-        tenant = spec.tenant or "default"
-        run_as = self.run_as(tenant)
-        user = users.UnixUser.named(run_as) if run_as else None
-        # Made by the job when it first saves (plinth.job), so a job that never saves leaves
-        # no empty folder behind; with per-tenant users, under its tenant's own folder. A unit
-        # of a workload keeps one folder across the jobs that replace it (its state: an FL
-        # server's round checkpoints), as a StatefulSet's pod keeps its volume.
-        root = self.tenant_root(tenant, user)
-        unit = self.workloads.job_unit.get(ins.job_id)
-        ckpt = spec.checkpoint_dir or str(
-            self.workload_dir(unit[0], tenant) / unit[1] if unit else root / str(ins.job_id))
-        log_path = self.log_path(ins.job_id)
-        with open(log_path, "a", encoding="utf-8") as f:
-            if user is not None:  # the tenant's; in a folder only the server can enter
-                os.fchown(f.fileno(), user.uid, user.gid)
-                os.fchmod(f.fileno(), 0o600)
-            f.write(f"=== plinth: attempt {ins.attempt} of job {ins.job_id} ({spec.name}) starts "
-                    f"at {time.strftime('%Y-%m-%d %H:%M:%S')} on "
-                    f"{', '.join(sorted({w.node for w in workers}))} ===\n")
-        # Jobs run in the platform's Python environment first, as a `python` in a spec expects.
-        path = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
-        # A tenant's own user has its own folder as HOME, not the server's.
-        home = {} if self.jobs_dir is None else {"HOME": str(root)}
-        env = {"PATH": path, "PYTHONUNBUFFERED": "1", **home, **spec.env}
-        if spec.array_index is not None:  # as SLURM_ARRAY_TASK_ID and SLURM_ARRAY_JOB_ID
-            env.update(PLINTH_ARRAY_INDEX=str(spec.array_index),
-                       PLINTH_ARRAY_JOB_ID=str(spec.array_id))
-        command = tuple(spec.command)
-        if spec.placement is not None:
-            # The plan is made for the GPUs this attempt got, before the job's own command runs,
-            # and written into the checkpoint folder by that step (plinth.place.for_job), which
-            # runs as the job's user and makes the folder: nothing is made here, as root, in a
-            # folder the tenant can write.
-            p, node = spec.placement, self.cluster.nodes[alloc.slots[0].node]
-            memory = (p.memory or req.gpu_memory_mib or
-                      (node.model.memory_mib if node.model else 16 * 1024)) * 2**20
-            env["PLINTH_PLACEMENT"] = json.dumps({"model": p.model, "algo": p.algo,
-                                                  "batch": p.batch, "memory_bytes": memory})
-            command = (sys.executable, "-m", "plinth.place.for_job", "--", *command)
-        return LaunchSpec(job_id=ins.job_id, attempt=ins.attempt, command=command,
-                          workers=tuple(workers), log_path=str(log_path), env=env,
-                          workdir=spec.workdir, checkpoint_dir=ckpt, run_as=run_as)

@@ -30,7 +30,6 @@ import dataclasses
 import json
 import logging
 import os
-import pwd
 import shutil
 import signal
 import subprocess
@@ -62,9 +61,12 @@ from plinth.runtime.procs import (
     find_shim,
     killpg,
     read_exit,
+    exit_time,
     same_process,
+    start_error,
     start_shim,
     start_ticks,
+    user_env,
     user_ids,
 )
 from plinth.runtime.watch import EventQueue, check_launch, checkpoint_events
@@ -258,7 +260,7 @@ class LocalRuntime(EventQueue):
         if all(w.done for w in workers):
             # A checkpoint saved while no runtime watched still comes before the end, and the
             # end is dated by the exit files, not by this adoption.
-            end = dataclasses.replace(self._final(att), at=_exit_time(workers))
+            end = dataclasses.replace(self._final(att), at=exit_time(w.exit_file for w in workers))
             self._journal(*key).unlink(missing_ok=True)
             self._emit([*self._checkpoints([att], final=True), end])
             return False
@@ -350,7 +352,7 @@ class LocalRuntime(EventQueue):
         # allowlist, then the spec's variables, then the platform's.
         env = {k: os.environ[k] for k in INHERITED_ENV if k in os.environ}
         env["PYTHONUNBUFFERED"] = "1"  # so that `plinth logs -f` shows lines as they come
-        env.update(_user_env(spec))
+        env.update(user_env(spec.run_as))
         env.update(spec.env)
         env.update(gang)
         gpus = tuple(self._nodes[w.node].gpus[g] for g in w.gpus)  # the machine's numbering
@@ -454,7 +456,7 @@ class LocalRuntime(EventQueue):
                     if not all(wk.own for wk in att.workers):
                         # Adopted: a shim still exiting when the control plane came back may
                         # have ended long before this tick; its exit file dates the end.
-                        end = dataclasses.replace(end, at=_exit_time(att.workers))
+                        end = dataclasses.replace(end, at=exit_time(w.exit_file for w in att.workers))
                     events.append(end)
                     ending.append(att)
                 else:
@@ -488,7 +490,7 @@ class LocalRuntime(EventQueue):
         code = next((w.code for w in att.ended if w.code), 0)
         reason = att.reason
         if code in (126, 127) and not reason and att.log_path:
-            reason = _start_error(att.log_path)
+            reason = start_error(att.log_path)
         return RuntimeEvent(att.job_id, att.attempt, EventKind.EXITED, code, reason)
 
     def _journal(self, job_id: int, attempt: int) -> Path:
@@ -509,14 +511,6 @@ class LocalRuntime(EventQueue):
         self._limiter.release(wk.limits)
         if wk.mps_gpu is not None:
             self.mps.release(wk.mps_gpu, (job_id, attempt, wk.rank))
-
-def _user_env(spec: LaunchSpec) -> dict[str, str]:
-    """USER, LOGNAME and HOME of `spec.run_as` (a spec's own HOME wins: it comes after)."""
-    if spec.run_as is None:
-        return {}
-    p = pwd.getpwnam(spec.run_as)
-    return {"USER": p.pw_name, "LOGNAME": p.pw_name, "HOME": p.pw_dir}
-
 
 def _ended(wk: _Worker) -> bool:
     """True (and `wk.code` set) once the worker's shim has ended."""
@@ -557,24 +551,6 @@ def _ended(wk: _Worker) -> bool:
     return True
 
 
-def _start_error(log_path: str) -> str:
-    """The line a shim wrote on why its command could not start (exit 126 or 127), from the
-    end of the job's log (a file in the server's own folder); "" if there is none."""
-    try:
-        fd = os.open(log_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError:
-        return ""
-    try:
-        size = os.fstat(fd).st_size
-        tail = os.pread(fd, 4096, max(0, size - 4096)).decode(errors="replace")
-    except OSError:
-        return ""
-    finally:
-        os.close(fd)
-    lines = [ln for ln in tail.splitlines() if ln.startswith("plinth shim: ")]
-    return lines[-1].removeprefix("plinth shim: ") if lines else ""
-
-
 def _split_nodes(name: str, gpus: list[GpuInfo], *, fake: bool) -> dict[str, _LocalNode]:
     """The whole machine as one node, or with fake GPUs of several models one node per model,
     named after it (`localhost-a100`), in the order the models were given."""
@@ -613,14 +589,3 @@ def _handle(spec: LaunchSpec, started: list[_Worker]) -> Handle:
     return Handle(spec.job_id, spec.attempt,
                   tuple(ProcRef(w.pid, w.start_time, w.exit_file, w.start_ticks) for w in started),
                   spec.checkpoint_dir)
-
-
-def _exit_time(workers: list[_Worker]) -> float | None:
-    """When the last of `workers` ended, from its exit file's mtime; None if none left one."""
-    times = []
-    for w in workers:
-        try:
-            times.append(os.stat(w.exit_file).st_mtime)
-        except OSError:
-            pass
-    return max(times) if times else None

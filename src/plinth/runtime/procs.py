@@ -10,7 +10,7 @@ import signal
 import stat
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 import psutil
@@ -138,3 +138,42 @@ def start_ticks(pid: int) -> int | None:
     except (FileNotFoundError, ProcessLookupError):
         return None
     return int(stat[stat.rindex(b")") + 2:].split()[19])
+
+
+def start_error(log_path: str) -> str:
+    """The line a shim wrote on why its command could not start (exit 126 or 127), from the
+    end of the job's log (a file in the server's own folder); "" if there is none."""
+    try:
+        fd = os.open(log_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return ""
+    try:
+        size = os.fstat(fd).st_size
+        tail = os.pread(fd, 4096, max(0, size - 4096)).decode(errors="replace")
+    except OSError:
+        return ""
+    finally:
+        os.close(fd)
+    lines = [ln for ln in tail.splitlines() if ln.startswith("plinth shim: ")]
+    return lines[-1].removeprefix("plinth shim: ") if lines else ""
+
+
+def exit_time(exit_files: Iterable[str]) -> float | None:
+    """When the last of some workers ended, from their exit files' mtimes; None if none left
+    one."""
+    times = []
+    for path in exit_files:
+        try:
+            times.append(os.stat(path).st_mtime)
+        except OSError:
+            pass
+    return max(times) if times else None
+
+
+def user_env(run_as: str | None) -> dict[str, str]:
+    """USER, LOGNAME and HOME of the user a job runs as (a spec's own HOME wins: it is applied
+    after); none for a job of the runtime's own user."""
+    if run_as is None:
+        return {}
+    p = pwd.getpwnam(run_as)
+    return {"USER": p.pw_name, "LOGNAME": p.pw_name, "HOME": p.pw_dir}

@@ -11,7 +11,6 @@ the module is imported in every Ray worker process that hosts an actor.
 from __future__ import annotations
 
 import os
-import pwd
 import shutil
 import signal
 import socket
@@ -25,7 +24,7 @@ import psutil
 
 from plinth.core.errors import PlinthError
 from plinth.runtime.local import INHERITED_ENV
-from plinth.runtime.procs import LOG_LIMIT_MIB, killpg, start_shim, user_ids
+from plinth.runtime.procs import LOG_LIMIT_MIB, killpg, start_shim, user_env, user_ids
 
 LOG_CHUNK = 1 << 20  # most bytes one `take_log` returns
 
@@ -78,8 +77,7 @@ class WorkerActor:
                 user_ids(run_as)
             except KeyError:
                 raise PlinthError(f"run_as: no Unix user {run_as!r} on {host}") from None
-            p = pwd.getpwnam(run_as)
-            full.update(USER=p.pw_name, LOGNAME=p.pw_name, HOME=p.pw_dir)
+            full.update(user_env(run_as))
         full.update(env)
         exe = command[0]
         found = os.access(Path(workdir or ".") / exe, os.X_OK) if "/" in exe else \
