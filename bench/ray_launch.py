@@ -92,7 +92,7 @@ def finish(rt, wave) -> list[list[float]]:
 def run_control_waves(address: str, concurrent: bool, waves: int) -> list[float]:
     """Seconds from the holder's signal to the last of 8 jobs of one pass running, per wave."""
     from plinth.control.service import ControlPlane
-    from plinth.control.spec import JobSpec, Resources
+    from plinth.core.jobspec import JobSpec, Resources
     from plinth.control.store import Store
     from plinth.runtime.ray import RayRuntime
 

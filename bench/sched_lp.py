@@ -34,7 +34,7 @@ from plinth.sched.placement import place_and_allocate
 from plinth.sched.policies.gavel import Gavel, throughput_matrix
 from plinth.sched.policies.themis import Themis
 from plinth.sched.state import ClusterState
-from plinth.sched.lifecycle import State
+from plinth.core.lifecycle import State
 from plinth.sched.types import JobState, SchedConfig, Snapshot
 
 TARGET_MS = 1000.0

@@ -31,7 +31,7 @@ from rich.table import Table
 
 from plinth.core import Cluster, Node
 from plinth.sched.ends import RunningEnds
-from plinth.sched.lifecycle import State
+from plinth.core.lifecycle import State
 from plinth.sched.placement import place_and_allocate
 from plinth.sched.policies import make_policy
 from plinth.sched.state import ClusterState

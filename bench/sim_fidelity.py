@@ -43,7 +43,7 @@ from plinth.client import Client  # noqa: E402
 from plinth.control import export as ex  # noqa: E402
 from plinth.core.net import free_port  # noqa: E402
 from plinth.core.spec import load_cluster  # noqa: E402
-from plinth.sched.lifecycle import State  # noqa: E402
+from plinth.core.lifecycle import State  # noqa: E402
 from plinth.sched.policies import make_policy  # noqa: E402
 from plinth.sched.types import SchedConfig  # noqa: E402
 from plinth.sim.engine import simulate  # noqa: E402

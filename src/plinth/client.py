@@ -20,10 +20,10 @@ from typing import Any
 
 import httpx
 
-from plinth.control.spec import JobSpec, job_to_run
+from plinth.core.jobspec import JobSpec, job_to_run
 from plinth.core.errors import PlinthError
 from plinth.core.spec import load_spec, spec_from_dict
-from plinth.sched.lifecycle import State
+from plinth.core.lifecycle import State
 
 DEFAULT_SERVER = "http://127.0.0.1:8642"
 

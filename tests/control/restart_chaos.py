@@ -48,7 +48,7 @@ from plinth.cli.quickstart import kill_jobs, start_server
 from plinth.client import ApiError, Client
 from plinth.core.errors import PlinthError
 from plinth.core.net import free_port
-from plinth.sched.lifecycle import State
+from plinth.core.lifecycle import State
 
 TENANTS = ("crash-a", "crash-b")  # each gets a Unix user of its own, plinth-crash-a, ...
 MAX_SLEEP_S = 0.33  # as `sleep 0.$RANDOM`

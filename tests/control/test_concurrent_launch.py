@@ -8,7 +8,7 @@ import threading
 import time
 
 from plinth.control.service import ControlPlane
-from plinth.control.spec import JobSpec, Resources
+from plinth.core.jobspec import JobSpec, Resources
 from plinth.control.store import Store
 from plinth.runtime.base import Handle, LaunchSpec
 from plinth.runtime.local import LocalRuntime

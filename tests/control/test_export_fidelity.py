@@ -12,7 +12,7 @@ import time
 import numpy as np
 
 from plinth.control import export as ex
-from plinth.sched.lifecycle import State
+from plinth.core.lifecycle import State
 from plinth.sim.traces import load_trace
 
 

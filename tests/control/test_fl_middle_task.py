@@ -28,7 +28,7 @@ from plinth.core.spec import load_spec
 from plinth.fl.app import parse_app
 from plinth.fl.checkpoint import Checkpointer
 from plinth.fl.workload import FLTaskController
-from plinth.sched.lifecycle import State
+from plinth.core.lifecycle import State
 
 ROUNDS, CLIENTS, MIDDLES = 6, 4, 2
 

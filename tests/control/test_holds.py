@@ -10,11 +10,11 @@ from plinth_platform import run_cli
 
 from plinth.client import ApiError
 from plinth.control.holds import Holds, verdict
-from plinth.control.spec import JobSpec, parse_array
+from plinth.core.jobspec import JobSpec, parse_array
 from plinth.core.errors import SpecError
 from plinth.core.spec import spec_from_dict
 from plinth.core.workload import Job
-from plinth.sched.lifecycle import State
+from plinth.core.lifecycle import State
 
 
 @pytest.mark.parametrize(("kind", "state", "started", "met"), [

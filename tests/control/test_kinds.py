@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from plinth.control.kinds import CONTROLLERS, Observed, Unit, check_kind, reconcile
-from plinth.control.spec import JobSpec
+from plinth.core.jobspec import JobSpec
 from plinth.core.errors import SpecError
 from plinth.core.spec import load_spec
-from plinth.sched.lifecycle import State
+from plinth.core.lifecycle import State
 
 
 def spec(**kw) -> JobSpec:

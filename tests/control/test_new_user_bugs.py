@@ -44,7 +44,7 @@ def test_2_the_loop_survives_a_launch_that_raises(tmp_path) -> None:
     """A spec that slipped past the checks (here built without them) fails to launch: the job
     becomes launch-failed, its GPUs are free again and the next job runs."""
     from plinth.control.service import ControlPlane
-    from plinth.control.spec import JobSpec, Resources
+    from plinth.core.jobspec import JobSpec, Resources
     from plinth.control.store import Store
     from plinth.runtime.local import LocalRuntime
 
@@ -99,7 +99,7 @@ def test_2_a_job_cancelled_before_its_launch_was_recorded_stays_cancelled(tmp_pa
     from plinth.control.service import ControlPlane
     from plinth.control.store import Store
     from plinth.runtime.local import LocalRuntime
-    from plinth.sched.lifecycle import State
+    from plinth.core.lifecycle import State
 
     store = Store(str(tmp_path / "plinth.db"))
     store.put_tenant("default", None, None)

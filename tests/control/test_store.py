@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from plinth.sched.lifecycle import TRANSITIONS, IllegalTransition, State, check_transition
+from plinth.core.lifecycle import TRANSITIONS, IllegalTransition, State, check_transition
 from plinth.control.store import Event, Store
 from plinth.core.errors import PlinthError
 

@@ -12,7 +12,7 @@ from pydantic import BaseModel
 
 from plinth.control.kinds import CONTROLLERS, Observed, Unit
 from plinth.control.service import ControlPlane
-from plinth.control.spec import JobSpec
+from plinth.core.jobspec import JobSpec
 from plinth.control.store import Store
 from plinth.core.spec import KINDS
 from plinth.runtime.local import LocalRuntime

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from plinth.control.spec import JobSpec
+from plinth.core.jobspec import JobSpec
 from plinth.core.errors import SpecError
 from plinth.core.spec import KINDS, ClusterSpec, load_spec, spec_from_dict
 from plinth.fl.app import AppSpec

@@ -36,7 +36,7 @@ from plinth.core.throughput import FIXED_SPEED
 from plinth.core.workload import Job
 from plinth.runtime import EventKind, Handle, LaunchSpec, LocalRuntime, RuntimeEvent, WorkerLaunch
 from plinth.runtime.sim import SimBehaviour, SimRuntime
-from plinth.sched.lifecycle import StopReason
+from plinth.core.lifecycle import StopReason
 from plinth.sched.owner import CheckpointSaved, Event, Exited, Launch, Lost, Started, Stop
 from plinth.sched.types import SchedConfig
 

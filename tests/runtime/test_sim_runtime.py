@@ -19,7 +19,7 @@ from plinth.runtime.sim import (
     SimRuntime,
     gang_end,
 )
-from plinth.sched.lifecycle import State, StopReason
+from plinth.core.lifecycle import State, StopReason
 from plinth.sched.owner import CheckpointSaved, Exited, Launch, Lost, Started, Stop
 from plinth.sched.policies import make_policy
 from plinth.sched.types import SchedConfig

@@ -18,7 +18,7 @@ from plinth.sched.policies import make_policy
 from plinth.sched.policies.drf import FairShare
 from plinth.sched.quota import tenant_queues
 from plinth.sched.state import ClusterState
-from plinth.sched.lifecycle import State
+from plinth.core.lifecycle import State
 from plinth.sched.types import Decisions, JobState, SchedConfig, Snapshot
 
 NOW = 10_000.0

@@ -16,7 +16,7 @@ from plinth.core.workload import Job
 from plinth.runtime.sim import SimRuntime
 from plinth.sched import lp
 from plinth.sched import owner as o
-from plinth.sched.lifecycle import State
+from plinth.core.lifecycle import State
 from plinth.sched.lp import equal_share_throughput, feasible_mask, max_min_fairness
 from plinth.sched.policies import make_policy
 from plinth.sched.policies.gavel import Gavel

@@ -11,7 +11,7 @@ from test_owner import Chaos, cluster, job, launches, owner
 from plinth.core.resources import MILLI, Request
 from plinth.core.workload import Job
 from plinth.sched import owner as o
-from plinth.sched.lifecycle import State
+from plinth.core.lifecycle import State
 
 
 def on(w: o.Owner, job_id: int) -> set[int]:

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from plinth.core.resources import Allocation, Cluster, Node, Request, WorkerSlot
 from plinth.core.workload import Job
 from plinth.sched import owner as o
-from plinth.sched.lifecycle import IllegalTransition, State, StopReason, check_transition
+from plinth.core.lifecycle import IllegalTransition, State, StopReason, check_transition
 from plinth.sched.policies import make_policy
 from plinth.sched.policies.base import Policy
 from plinth.sched.types import Decisions, Preempt, Resize, SchedConfig, Start

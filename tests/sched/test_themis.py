@@ -11,7 +11,7 @@ from plinth.core.errors import SpecError
 from plinth.core.resources import Cluster, Node, Request
 from plinth.core.spec import load_cluster
 from plinth.core.workload import Job
-from plinth.sched.lifecycle import State
+from plinth.core.lifecycle import State
 from plinth.sched.placement import place_and_allocate
 from plinth.sched.policies import make_policy
 from plinth.sched.policies.themis import Themis

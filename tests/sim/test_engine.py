@@ -8,7 +8,7 @@ from plinth.core import Cluster, Job, Node, Request
 from plinth.core.errors import UnplaceableError
 from plinth.sched.policies import make_policy
 from plinth.sched.policies.base import Policy
-from plinth.sched.lifecycle import State
+from plinth.core.lifecycle import State
 from plinth.sched.types import Decisions, Preempt, SchedConfig
 from plinth.sim.engine import simulate
 from plinth.sim.metrics import summarize

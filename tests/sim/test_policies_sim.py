@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from plinth.core.spec import load_cluster
 from plinth.sched.policies import POLICIES, make_policy
-from plinth.sched.lifecycle import State
+from plinth.core.lifecycle import State
 from plinth.sched.types import SchedConfig
 from plinth.sim.engine import simulate
 from plinth.sim.metrics import summarize

@@ -6,7 +6,7 @@ import pytest
 
 from plinth.control.kinds import Observed, Workload, reconcile
 from plinth.core.errors import SpecError
-from plinth.sched.lifecycle import State
+from plinth.core.lifecycle import State
 from plinth.tune.controller import TuneController
 from plinth.tune.db import model_key
 from plinth.tune.model import Task

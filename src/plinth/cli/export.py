@@ -17,7 +17,7 @@ from rich.console import Console
 from plinth.cli.platform import Server, Token, console
 from plinth.client import ApiError, Client
 from plinth.core.errors import PlinthError, SpecError
-from plinth.sched.lifecycle import State
+from plinth.core.lifecycle import State
 
 err = Console(stderr=True)
 API_LIMIT = 10000  # the most jobs `GET /v1/jobs` returns at once

@@ -99,7 +99,7 @@ def submit(specs: Annotated[list[Path], typer.Argument(help="Job spec YAML files
            server: Server = None, token: Token = None) -> None:
     """Submit jobs, and workloads of other kinds (a Service); prints each one's id."""
     from plinth.control.kinds import check_kind
-    from plinth.control.spec import JobSpec, parse_array
+    from plinth.core.jobspec import JobSpec, parse_array
     from plinth.core.spec import load_spec
 
     loaded = [load_spec(path) for path in specs]  # all checked, then sent
@@ -132,7 +132,7 @@ def submit(specs: Annotated[list[Path], typer.Argument(help="Job spec YAML files
 
 def parse_dependency(text: str) -> dict[str, list[int]]:
     """sbatch's --dependency: "afterok:12:13,after:9" -> {"afterok": [12, 13], "after": [9]}."""
-    from plinth.control.spec import DEPENDENCY_KINDS
+    from plinth.core.jobspec import DEPENDENCY_KINDS
 
     out: dict[str, list[int]] = {}
     for part in text.split(","):
@@ -495,7 +495,7 @@ def tenant_token(name: str,
                  server: Server = None, token: Token = None) -> None:
     """Create an API token for a tenant and print it (it is not shown again); its id, for
     `plinth tenant revoke`, goes to stderr."""
-    from plinth.control.spec import parse_duration
+    from plinth.core.jobspec import parse_duration
 
     try:
         expires_in = None if expires is None else parse_duration(expires)

@@ -24,7 +24,7 @@ from plinth.cli.tune import tune_table
 from plinth.client import Client
 from plinth.core.errors import PlinthError
 from plinth.core.net import free_port
-from plinth.sched.lifecycle import State
+from plinth.core.lifecycle import State
 from plinth.serve.loadgen import ClosedLoop
 
 EXAMPLES = ("train.yaml", "gang.yaml", "fraction.yaml")

@@ -23,11 +23,11 @@ from plinth.control.auth import Auth, Principal, check_tenant_name
 from plinth.control.bodylimit import DEFAULT_MAX_BODY_BYTES, BodyLimit
 from plinth.control.kinds import check_kind
 from plinth.control.service import Conflict, ControlPlane, NotFound
-from plinth.control.spec import JobSpec
+from plinth.core.jobspec import JobSpec
 from plinth.control.store import TOKEN_ID_CHARS, digest
 from plinth.core.errors import PlinthError, SpecError, UnplaceableError
 from plinth.core.spec import errors_message, spec_from_dict
-from plinth.sched.lifecycle import TERMINAL, State
+from plinth.core.lifecycle import TERMINAL, State
 from plinth.sched.quota import MAX_QUOTA_GPUS
 
 LOG_CHUNK = 1 << 20

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from plinth.control.store import Transition
 from plinth.sched import owner as o
-from plinth.sched.lifecycle import State
+from plinth.core.lifecycle import State
 
 if TYPE_CHECKING:
     from plinth.control.service import ControlPlane

@@ -24,9 +24,9 @@ import heapq
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
-from plinth.control.spec import JobSpec
+from plinth.core.jobspec import JobSpec
 from plinth.core.workload import Job
-from plinth.sched.lifecycle import State
+from plinth.core.lifecycle import State
 
 # (state, has started at least once) of a job, or None if there is no such job.
 StateOf = Callable[[int], "tuple[State, bool] | None"]

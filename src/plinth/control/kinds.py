@@ -36,10 +36,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from plinth.control.spec import JobSpec
+from plinth.core.jobspec import JobSpec
 from plinth.core.errors import SpecError
 from plinth.core.registry import Registry
-from plinth.sched.lifecycle import State
+from plinth.core.lifecycle import State
 
 
 @dataclass(frozen=True, slots=True)

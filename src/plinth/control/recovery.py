@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
-from plinth.control.spec import JobSpec
+from plinth.core.jobspec import JobSpec
 from plinth.control.store import Event
 from plinth.core.resources import Allocation
 from plinth.core.spec import TRUSTED, validation_message
 from plinth.runtime.base import Handle
-from plinth.sched.lifecycle import State, StopReason
+from plinth.core.lifecycle import State, StopReason
 from plinth.sched.types import JobState
 
 if TYPE_CHECKING:

@@ -30,7 +30,7 @@ from plinth.control.holds import Holds
 from plinth.control.launchspec import launch_spec
 from plinth.control.metrics import ControlMetrics
 from plinth.control.recovery import Recovery, recover
-from plinth.control.spec import JobSpec, parse_array
+from plinth.core.jobspec import JobSpec, parse_array
 from plinth.control.store import Event, GroupCommit, Store, Transition
 from plinth.control.workloads import Workloads
 from plinth.core.errors import PlinthError, SpecError, UnplaceableError
@@ -45,7 +45,7 @@ from plinth.runtime.base import (
 )
 from plinth.runtime.batch import Launcher, launch_error
 from plinth.sched import owner as o
-from plinth.sched.lifecycle import State
+from plinth.core.lifecycle import State
 from plinth.sched.placement import never_fits
 from plinth.sched.policies import make_policy
 from plinth.sched.policies.base import Policy

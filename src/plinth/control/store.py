@@ -27,7 +27,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from plinth.core.errors import PlinthError, SpecError
-from plinth.sched.lifecycle import TERMINAL, State, check_transition
+from plinth.core.lifecycle import TERMINAL, State, check_transition
 
 metadata = sa.MetaData()
 

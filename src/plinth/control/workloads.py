@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from plinth.control.kinds import CONTROLLERS, Observed, Workload, reconcile
 from plinth.core.errors import PlinthError, SpecError
 from plinth.core.spec import spec_from_dict
-from plinth.sched.lifecycle import State
+from plinth.core.lifecycle import State
 
 if TYPE_CHECKING:
     from plinth.control.service import ControlPlane

@@ -370,7 +370,7 @@ def _line_of(node: yaml.Node | None, loc: tuple[Any, ...]) -> int | None:
 # A spec names its kind in a top-level `kind` field. Each kind's model has a field
 # `kind: Literal["<kind>"]` and a `run_with` ClassVar: the command that runs a spec of that kind.
 KINDS: Registry[type[BaseModel]] = Registry("kind")
-KINDS.add("Job", "plinth.control.spec:JobSpec")
+KINDS.add("Job", "plinth.core.jobspec:JobSpec")
 KINDS.add("Service", "plinth.serve.spec:ServiceSpec")
 KINDS.add("FLTask", "plinth.fl.app:AppSpec")
 KINDS.add("Tune", "plinth.tune.spec:TuneSpec")
@@ -379,7 +379,7 @@ DEFAULT_KIND = "Job"
 
 
 # The validation context of a spec the platform made itself, or read back from its store: such a
-# spec skips the floors only a tenant's spec must meet (see plinth.control.spec.Resources).
+# spec skips the floors only a tenant's spec must meet (see plinth.core.jobspec.Resources).
 TRUSTED: dict[str, bool] = {"trusted": True}
 
 

@@ -21,7 +21,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from plinth.control.spec import Resources
+from plinth.core.jobspec import Resources
 from plinth.core.errors import PlinthError, SpecError
 from plinth.core.spec import load_spec, spec_from_dict
 from plinth.fl.compress import CODECS

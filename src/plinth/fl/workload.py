@@ -56,11 +56,11 @@ from typing import Any
 import yaml
 
 from plinth.control.kinds import Observed, Unit, Workload
-from plinth.control.spec import JobSpec, Resources
+from plinth.core.jobspec import JobSpec, Resources
 from plinth.control.tenantfs import Handout, read_regular
 from plinth.core.errors import SpecError
 from plinth.core.net import free_port
-from plinth.sched.lifecycle import State
+from plinth.core.lifecycle import State
 
 MAX_RESTARTS = 3
 RECENT_ROUNDS = 50  # accuracy per round kept in the status (the checkpoint has them all)

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from plinth.core.resources import Allocation
 from plinth.core.workload import Job
-from plinth.sched.lifecycle import State, StopReason
+from plinth.core.lifecycle import State, StopReason
 from plinth.sched.types import JobState
 
 # --- events in ----------------------------------------------------------------------------

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from plinth.sched.lifecycle import State, StopReason
+from plinth.core.lifecycle import State, StopReason
 from plinth.sched.state import ClusterState
 from plinth.sched.types import check_gang
 

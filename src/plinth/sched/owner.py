@@ -64,7 +64,7 @@ from plinth.sched.events import (  # noqa: F401 (the owner's vocabulary, importe
     event_kind,
 )
 from plinth.sched.invariants import check_owner
-from plinth.sched.lifecycle import State, StopReason, check_transition
+from plinth.core.lifecycle import State, StopReason, check_transition
 from plinth.sched.nodes import DownNodes
 from plinth.sched.policies.base import Policy
 from plinth.sched.state import ClusterState

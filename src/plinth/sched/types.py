@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from plinth.core.resources import MILLI, Allocation, Cluster
 from plinth.core.throughput import DEFAULT_THROUGHPUTS, Throughputs
 from plinth.core.workload import Job
-from plinth.sched.lifecycle import State
+from plinth.core.lifecycle import State
 from plinth.sched.placement import DEFAULT_PLACEMENT, PlacementConfig
 from plinth.sched.state import ClusterState
 

@@ -13,7 +13,7 @@ from collections.abc import Iterable
 
 from plinth.core.resources import Cluster
 from plinth.core.workload import Job
-from plinth.sched.lifecycle import State
+from plinth.core.lifecycle import State
 from plinth.sched.owner import Owner
 from plinth.sched.placement import place_and_allocate
 from plinth.sched.policies.base import Policy

@@ -11,7 +11,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from plinth.control.spec import Resources
+from plinth.core.jobspec import Resources
 from plinth.core.registry import Registry
 from plinth.core.spec import beside, from_folder
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from plinth.control.kinds import Observed, Unit, Workload
-from plinth.control.spec import JobSpec
+from plinth.core.jobspec import JobSpec
 from plinth.core.errors import SpecError
 from plinth.core.net import free_port
 from plinth.serve.controller import Controller

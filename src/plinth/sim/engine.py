@@ -24,7 +24,7 @@ from plinth.core.errors import UnplaceableError
 from plinth.core.resources import MILLI, Cluster, Request
 from plinth.core.workload import Job
 from plinth.runtime.sim import SimRuntime
-from plinth.sched.lifecycle import State
+from plinth.core.lifecycle import State
 from plinth.sched.owner import Owner, Submitted
 from plinth.sched.placement import never_fits
 from plinth.sched.policies.base import Policy

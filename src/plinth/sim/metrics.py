@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from plinth.sched.lifecycle import State
+from plinth.core.lifecycle import State
 from plinth.sched.policies.base import Policy
 from plinth.sched.types import SchedConfig
 from plinth.sim.engine import SimResult

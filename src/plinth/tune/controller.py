@@ -29,10 +29,10 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from plinth.control.kinds import Observed, Unit, Workload
-from plinth.control.spec import JobSpec, Resources
+from plinth.core.jobspec import JobSpec, Resources
 from plinth.core.errors import SpecError
 from plinth.core.spec import TRUSTED
-from plinth.sched.lifecycle import State
+from plinth.core.lifecycle import State
 from plinth.tune.plan import share_key
 from plinth.tune.spec import TuneSpec
 

@@ -18,7 +18,7 @@ from plinth.control.auth import Auth, Principal
 from plinth.control.service import Conflict, ControlPlane, NotFound
 from plinth.control.ui import results, views
 from plinth.core.errors import PlinthError, SpecError
-from plinth.sched.lifecycle import TERMINAL, State
+from plinth.core.lifecycle import TERMINAL, State
 
 COOKIE = "plinth_token"
 POLL = "every 2s"  # the live parts; the issue allows no faster than once a second

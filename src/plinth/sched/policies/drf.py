@@ -64,7 +64,7 @@ from plinth.core.errors import SpecError
 from plinth.core.resources import Allocation, Cluster, Request, TenantQuota
 from plinth.sched.backfill import GPU_ONLY, masked, reservation, without_reserved
 from plinth.sched.ends import RunningEnds
-from plinth.sched.lifecycle import State
+from plinth.core.lifecycle import State
 from plinth.sched.pending import GpulessCount
 from plinth.sched.placement import place, placeable
 from plinth.sched.policies.base import Policy
