@@ -20,7 +20,8 @@ from typing import Any
 
 import httpx
 
-from plinth.core.jobspec import JobSpec, job_to_run
+from plinth.control.kinds import job_to_run
+from plinth.core.jobspec import JobSpec
 from plinth.core.errors import PlinthError
 from plinth.core.spec import load_spec, spec_from_dict
 from plinth.core.lifecycle import State

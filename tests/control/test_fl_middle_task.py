@@ -11,7 +11,6 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import psutil
 import pytest
@@ -21,8 +20,7 @@ from plinth_platform import run_cli as cli
 from test_fl_tasks import app, start_client, task_platform
 from test_fl_tree_task import jobs_dir
 
-from plinth.control.kinds import Observed, Workload, reconcile
-from plinth.control.tenantfs import handout
+from plinth.core.kinds import LocalContext, Observed, Workload, reconcile
 from plinth.core.errors import SpecError
 from plinth.core.spec import load_spec
 from plinth.fl.app import parse_app
@@ -169,13 +167,9 @@ def test_after_the_last_round_no_unit_that_ended_is_started_again(tmp_path):
     doc = yaml.safe_load(spec.read_text())
     doc["server"] |= {"rounds": ROUNDS, "aggregation": {"mode": "tree", "middles": MIDDLES}}
     spec.write_text(yaml.safe_dump(doc))
-    (folder := tmp_path / "w").mkdir()
     ctl = FLTaskController()
-    ctl.bind(SimpleNamespace(workload_dir=lambda wid, tenant: folder / f"workload-{wid}",
-                             workload_files=lambda wid, tenant: handout(
-                                 None, folder, tenant, os.getegid(), f"workload-{wid}")))
     w = Workload(1, "FLTask", "digits-fl", "default", load_spec(spec))
-    ctl.started(w)
+    ctl.start(w, LocalContext(tmp_path / "w"))
     node = {"server": "a", "middle-0": "a", "middle-1": "b"}
     names = [u.name for u in ctl.units(w, {}, 0.0)]
     observed = {n: Observed(n, i + 1, State.RUNNING, node.get(n) or node[n.split(".")[0]])

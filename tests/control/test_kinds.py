@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from plinth.control.kinds import CONTROLLERS, Observed, Unit, check_kind, reconcile
+from plinth.control.kinds import CONTROLLERS, check_kind
+from plinth.core.kinds import Observed, Unit, reconcile
 from plinth.core.jobspec import JobSpec
 from plinth.core.errors import SpecError
 from plinth.core.spec import load_spec

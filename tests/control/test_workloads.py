@@ -10,7 +10,8 @@ from typing import Literal
 import pytest
 from pydantic import BaseModel
 
-from plinth.control.kinds import CONTROLLERS, Observed, Unit
+from plinth.control.kinds import CONTROLLERS
+from plinth.core.kinds import BaseController, Observed, Unit
 from plinth.control.service import ControlPlane
 from plinth.core.jobspec import JobSpec
 from plinth.control.store import Store
@@ -24,7 +25,7 @@ class OnceSpec(BaseModel):
     tenant: str | None = None
 
 
-class Once:
+class Once(BaseController):
     """Wants one unit that exits at once and is not replaced; counts the ends it is told of."""
 
     def units(self, w, observed: Mapping[str, Observed], now: float) -> list[Unit]:
@@ -32,7 +33,7 @@ class Once:
             return []
         return [Unit("u", JobSpec(name="u", command=["true"]))]
 
-    def unit_ended(self, w, unit: str) -> None:
+    def unit_ended(self, w, unit: str, ctx) -> None:
         w.status["ends"] = w.status.get("ends", 0) + 1
 
 

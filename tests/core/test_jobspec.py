@@ -2,7 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from plinth.core.jobspec import JobSpec, job_to_run, parse_duration
+from plinth.control.kinds import job_to_run
+from plinth.core.jobspec import JobSpec, parse_duration
 from plinth.core.errors import SpecError
 from plinth.core.resources import Request
 from plinth.core.spec import load_spec, spec_from_dict

@@ -108,7 +108,7 @@ def test_tree_gives_the_streaming_model_and_bad_updates_become_failures():
 def test_leaves_follow_the_sizing_stay_warm_and_the_shape_is_published(tmp_path):
     """Round 1 has no measured throughput (the prior: ceil(2 / 2) leaves); later rounds have
     a fold deadline no leaf can meet, so as many leaves as updates, at most max_leaves. Each
-    round's desired shape is in tree.json in the checkpoint folder, as a controller reads it."""
+    round's desired shape goes to the checkpointer, which reports its size to a controller."""
     clients = _clients(poison=False) | {f"d{i}": Rand(50 + i, 4) for i in range(2)}  # 8 clients
     agg = {"mode": "tree", "updates_per_leaf": 2, "max_leaves": 3, "fold_deadline": 1e-9}
     s, t = _server(clients, agg, checkpoint=Checkpointer(tmp_path))
@@ -118,7 +118,8 @@ def test_leaves_follow_the_sizing_stay_warm_and_the_shape_is_published(tmp_path)
             s.cfg.fraction = fraction  # 2, 8, 4, 2, 2 clients
             rec = s.fit_round(r)
             tree = s.strategy.tree
-            doc = json.loads((tmp_path / "tree.json").read_text())
+            doc = s.checkpoint.shape
+            assert s.checkpoint.reports.leaves == doc["leaves"]
             seen.append((rec.metrics["leaves"], rec.updates, tree.tree.pids, doc, rec.clients,
                          tree.tree.standby))
         third = seen[2][2][2]

@@ -141,10 +141,8 @@ def test_bad_external_leaf_config_is_a_one_line_error(aggregation, field):
 
 def test_the_server_runs_rounds_on_joined_leaves_and_survives_one_killed(sock):
     """The real server in tree mode with `leaf_listen`: it starts no leaf process, folds on
-    the two joined leaves, publishes where they join in tree.json, and when one is killed in
+    the two joined leaves, gives where they join in its tree's shape, and when one is killed in
     the middle of round 1 its updates are that round's failures and round 2 goes on."""
-    import json
-
     from plinth.fl.app import ServerSpec
     from plinth.fl.checkpoint import Checkpointer
     from plinth.fl.client import ClientRunner
@@ -184,7 +182,7 @@ def test_the_server_runs_rounds_on_joined_leaves_and_survives_one_killed(sock):
     try:
         _wait_for_join(server, 2)
         first = server.fit_round(1)
-        doc = json.loads((tmp / "tree.json").read_text())
+        doc = server.checkpoint.shape
         second = server.fit_round(2)
         spawned = [leaf.proc for leaf in server.strategy.tree.tree._leaves]
     finally:

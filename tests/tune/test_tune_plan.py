@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from plinth.control.kinds import Observed, Workload, reconcile
+from plinth.core.kinds import Capacity, LocalContext, Observed, Workload, reconcile
 from plinth.core.errors import SpecError
 from plinth.core.lifecycle import State
 from plinth.tune.controller import TuneController
@@ -89,7 +91,7 @@ def test_gpu_servers_ask_for_a_fraction():
 
 def _end(w, observed, name, state):
     observed[name] = Observed(name, observed[name].job_id, state)
-    TuneController().unit_ended(w, name)
+    TuneController().unit_ended(w, name, LocalContext(Path("/nonexistent")))
 
 
 def test_servers_go_when_their_share_is_done_and_the_tracker_last():
@@ -107,7 +109,7 @@ def test_servers_go_when_their_share_is_done_and_the_tracker_last():
     observed["client-share-2-1"] = Observed("client-share-2-1", 99, State.RUNNING)
     _end(w, observed, "client-share-2-1", State.FAILED)  # twice: it has given up
     assert ctl.units(w, observed, 3.0) == []
-    assert ctl.finished(w, observed) is State.FAILED
+    assert ctl.finished(w, observed) == "failed"
 
 
 def test_a_dead_server_is_replaced_while_its_share_tunes():
@@ -118,11 +120,12 @@ def test_a_dead_server_is_replaced_while_its_share_tunes():
     assert [u.name for u in add] == ["server-share-1-0"] and drop == []
 
 
-def test_check_refuses_shares_the_cluster_cannot_hold():
+def test_check_refuses_shares_the_cluster_cannot_hold(tmp_path):
     with pytest.raises(SpecError, match="shares: 2 cores is more than the cluster's 1 CPUs"):
-        TuneController().check(_w(_spec()), 1.0, 0)
+        TuneController().check(_w(_spec()), LocalContext(tmp_path, Capacity(1.0, 0, 1)))
     with pytest.raises(SpecError, match="target: cuda, but the cluster has no GPU"):
-        TuneController().check(_w(_spec(target="cuda", shares=[50])), 16.0, 0)
+        TuneController().check(_w(_spec(target="cuda", shares=[50])),
+                               LocalContext(tmp_path, Capacity(16.0, 0, 1)))
 
 
 def test_the_controller_is_pure():

@@ -25,6 +25,7 @@ from plinth.control.kinds import check_kind
 from plinth.control.service import Conflict, ControlPlane, NotFound
 from plinth.core.jobspec import JobSpec
 from plinth.control.store import TOKEN_ID_CHARS, digest
+from plinth.control.unit_api import unit_routes
 from plinth.core.errors import PlinthError, SpecError, UnplaceableError
 from plinth.core.spec import errors_message, spec_from_dict
 from plinth.core.lifecycle import TERMINAL, State
@@ -460,6 +461,8 @@ def create_app(cp: ControlPlane, auth: Auth, *,
         if not auth.revoke(token_id):
             raise NotFound(f"token {token_id!r} not found (give the id `plinth tenant tokens` "
                            "shows)")
+
+    app.include_router(unit_routes(cp, errors(401, 409, *BODY)))
 
     from plinth.control.ui import mount  # the dashboard (/ui) and /metrics; imports this module
 

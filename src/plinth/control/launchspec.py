@@ -10,6 +10,7 @@ import time
 from typing import TYPE_CHECKING
 
 from plinth.control import users
+from plinth.runtime import report
 from plinth.runtime.base import LaunchSpec, worker_launches
 from plinth.sched import owner as o
 
@@ -47,6 +48,10 @@ def launch_spec(cp: ControlPlane, ins: o.Launch) -> LaunchSpec:
     # A tenant's own user has its own folder as HOME, not the server's.
     home = {} if cp.jobs_dir is None else {"HOME": str(root)}
     env = {"PATH": path, "PYTHONUNBUFFERED": "1", **home, **spec.env}
+    token = cp.workloads.unit_token(ins.job_id, ins.attempt)
+    if token is not None and cp.api_url:  # a unit: it reports over the API (runtime.report)
+        env.update({report.URL_ENV: f"{cp.api_url}/v1/units/report", report.TOKEN_ENV: token,
+                    **({report.CA_ENV: cp.api_ca} if cp.api_ca else {})})
     if spec.array_index is not None:  # as SLURM_ARRAY_TASK_ID and SLURM_ARRAY_JOB_ID
         env.update(PLINTH_ARRAY_INDEX=str(spec.array_index),
                    PLINTH_ARRAY_JOB_ID=str(spec.array_id))

@@ -206,6 +206,11 @@ def serve(cfg: ServerConfig, *, announce=print) -> None:
         lease.release()
         sock.close()
         raise
+    port = sock.getsockname()[1]
+    host = "127.0.0.1" if cfg.host in ("0.0.0.0", "::", "") else cfg.host  # for units here
+    host = f"[{host}]" if ":" in host else host
+    cp.api_url = f"{'https' if cfg.tls_cert else 'http'}://{host}:{port}"
+    cp.api_ca = cfg.tls_cert.read_text() if cfg.tls_cert else None
     cp.start()
     app = create_app(cp, auth, max_body_bytes=cfg.max_body_bytes)
     tls = {} if cfg.tls_cert is None else {"ssl_certfile": str(cfg.tls_cert),

@@ -97,6 +97,9 @@ class ControlPlane:
         (self.home / "logs").mkdir(parents=True, exist_ok=True)
         self.nodes = runtime.nodes()
         self._lock = threading.RLock()
+        # Where the units of workloads report (plinth.runtime.report); set by the server.
+        self.api_url: str | None = None
+        self.api_ca: str | None = None  # with TLS: its certificate, for units to verify it by
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None

@@ -3,9 +3,11 @@
 A workload is stored once (`workloads` table) with its spec, its controller's status and a
 secret for its units; its units are ordinary jobs that point back to it (`workload_id`,
 `unit`), so the scheduler places them, the runtime runs them and recovery re-adopts them as any
-job. This module keeps each active workload's units in line with what its controller wants
-(`plinth.control.kinds.reconcile`): on submit, whenever one of its units ends, after the
-controller changes its mind (`tick`), and once a second as a safety net.
+job. This module drives each kind's controller through its contract (`plinth.core.kinds`) and
+keeps each active workload's units in line with what its controller wants (`reconcile`): on
+submit, whenever one of its units ends or reports, after the controller changes its mind
+(`tick`), and once a second as a safety net. A controller sees the control plane only through
+`PlaneContext`.
 
 One controller object per kind serves every workload of that kind, so that it can decide for
 all of them together (the autoscaler plans for every service at once).
@@ -15,12 +17,18 @@ from __future__ import annotations
 
 import logging
 import secrets
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from plinth.control.kinds import CONTROLLERS, Observed, Workload, reconcile
+from pydantic import ValidationError
+
+from plinth.control import unitauth
+from plinth.control.kinds import CONTROLLERS
+from plinth.control.tenantfs import Handout
 from plinth.core.errors import PlinthError, SpecError
-from plinth.core.spec import spec_from_dict
+from plinth.core.kinds import BaseController, Capacity, Observed, Workload, reconcile
 from plinth.core.lifecycle import State
+from plinth.core.spec import errors_message, spec_from_dict
 
 if TYPE_CHECKING:
     from plinth.control.service import ControlPlane
@@ -30,13 +38,42 @@ RECONCILE_EVERY_S = 1.0
 TOLD = "units_told"  # status key: unit -> the id of its last ended job the controller was told of
 
 
+class Fenced(PlinthError):
+    """A report from a job that is no longer its unit's current attempt (or not a unit)."""
+
+
+class PlaneContext:
+    """The control plane as a kind's controller sees it (`plinth.core.kinds.Context`)."""
+
+    def __init__(self, cp: ControlPlane, recovered: bool = False) -> None:
+        self.cp, self.recovered = cp, recovered
+
+    def now(self) -> float:
+        return self.cp.clock()
+
+    def capacity(self) -> Capacity:
+        nodes = self.cp.cluster.nodes
+        return Capacity(sum(n.cpus_milli for n in nodes) / 1000, self.cp.cluster.total_gpus,
+                        len(nodes))
+
+    def files(self, w: Workload) -> Handout:
+        return self.cp.workload_files(w.id, w.tenant)
+
+    def state_dir(self, w: Workload) -> Path:
+        return self.cp.workload_dir(w.id, w.tenant)
+
+    def count(self, metric: str, subject: str, **values: float) -> None:
+        getattr(self.cp.metrics, metric)(subject, **values)
+
+
 class Workloads:
     def __init__(self, cp: ControlPlane, options: dict[str, dict[str, Any]] | None = None
                  ) -> None:
         """`options`: per kind, what its controller is built with (`plinth up` flags)."""
         self.cp = cp
         self.options = options or {}
-        self.controllers: dict[str, Any] = {}
+        self.controllers: dict[str, BaseController] = {}
+        self.ctx = PlaneContext(cp)
         self.active: dict[int, Workload] = {}
         self.unit_jobs: dict[int, dict[str, int]] = {}  # workload -> unit -> its latest job
         self.job_unit: dict[int, tuple[int, str]] = {}  # job -> (workload, unit)
@@ -44,15 +81,14 @@ class Workloads:
         self._dirty: set[int] = set()
         self._next = 0.0
 
-    def controller(self, kind: str) -> Any:
+    def controller(self, kind: str) -> BaseController:
         if kind not in self.controllers:
-            ctl = self.controllers[kind] = CONTROLLERS.make(kind, **self.options.get(kind, {}))
-            getattr(ctl, "bind", lambda _: None)(self.cp)  # one that needs the control plane
+            self.controllers[kind] = CONTROLLERS.make(kind, **self.options.get(kind, {}))
         return self.controllers[kind]
 
     def close(self) -> None:
         for c in self.controllers.values():
-            getattr(c, "close", lambda: None)()
+            c.close()
 
     # --- submit, cancel, find --------------------------------------------------------------
 
@@ -66,10 +102,7 @@ class Workloads:
                                 f"named {spec.name!r}")
             spec = spec.model_copy(update={"tenant": tenant})
             w = Workload(0, spec.kind, spec.name, tenant, spec, {}, secrets.token_urlsafe(24))
-            cluster = self.cp.cluster
-            check = getattr(ctl, "check", None)
-            if check is not None:
-                check(w, sum(n.cpus_milli for n in cluster.nodes) / 1000, cluster.total_gpus)
+            ctl.check(w, self.ctx)
             w.id = self.cp.store.insert_workload(
                 {"kind": w.kind, "name": w.name, "tenant": tenant,
                  "spec": spec.model_dump(mode="json"), "status": {}, "secret": w.secret},
@@ -80,16 +113,16 @@ class Workloads:
                     self.cp.admit(u.spec, tenant)
             except BaseException:  # refused: nothing of it stays
                 self.active.pop(w.id, None)
-                getattr(ctl, "ended", lambda _: None)(w)
+                ctl.end(w, self.ctx)
                 self.cp.store.delete_workload(w.id)
                 raise
             self.reconcile(w, self.cp.clock())
             return w
 
-    def _start(self, w: Workload) -> None:
+    def _start(self, w: Workload, recovered: bool = False) -> None:
         self.active[w.id] = w
         self.unit_jobs.setdefault(w.id, {})
-        getattr(self.controller(w.kind), "started", lambda _: None)(w)
+        self.controller(w.kind).start(w, PlaneContext(self.cp, recovered))
         self.cp.store.update_workload(w.id, status=w.status)
 
     def find(self, ref: str, tenant: str | None) -> dict:
@@ -120,7 +153,7 @@ class Workloads:
     def _end(self, w: Workload, state: Any) -> None:
         state = getattr(state, "value", state)  # "succeeded", or a State
         self.active.pop(w.id, None)
-        getattr(self.controller(w.kind), "ended", lambda _: None)(w)
+        self.controller(w.kind).end(w, self.ctx)
         self.cp.store.update_workload(w.id, state=state, end_time=self.cp.clock(),
                                       status=w.status)
 
@@ -141,15 +174,13 @@ class Workloads:
         for w in self.active.values():
             by_kind.setdefault(w.kind, []).append(w)
         for kind, ws in by_kind.items():
-            tick = getattr(self.controller(kind), "tick", None)
-            if tick is not None:
-                for w in tick(ws, now):
-                    self.cp.store.update_workload(w.id, status=w.status)
-                    self._dirty.add(w.id)
-                for w in ws:  # /metrics: plinth_service_replicas{service, kind}
-                    if "desired" in w.status:
-                        self.cp.metrics.service_replicas(w.name, desired=w.status["desired"],
-                                                         ready=w.status.get("ready", 0))
+            for w in self.controller(kind).tick(ws, self.ctx):
+                self.cp.store.update_workload(w.id, status=w.status)
+                self._dirty.add(w.id)
+            for w in ws:  # /metrics: plinth_service_replicas{service, kind}
+                if "desired" in w.status:
+                    self.ctx.count("service_replicas", w.name, desired=w.status["desired"],
+                                   ready=w.status.get("ready", 0))
         if now >= self._next:
             self._next = now + RECONCILE_EVERY_S
             self._dirty.update(self.active)
@@ -184,7 +215,7 @@ class Workloads:
                  o.job_id in self.ended_jobs and told.get(u) != o.job_id]
         for unit in ended:
             told[unit] = observed[unit].job_id
-            getattr(ctl, "unit_ended", lambda *_: None)(w, unit)
+            ctl.unit_ended(w, unit, self.ctx)
         if ended:
             self.cp.store.update_workload(w.id, status=w.status)
         down = self.cp.owner.down.nodes  # a node that has left is no place for a unit
@@ -206,8 +237,7 @@ class Workloads:
             self.unit_jobs[w.id][u.name] = job_id
             self.job_unit[job_id] = (w.id, u.name)
             self.cp.accepted(job_id, spec, at)
-        done = getattr(ctl, "finished", None)
-        state = done(w, self.observed(w)) if done is not None else None
+        state = ctl.finished(w, self.observed(w))
         if state is not None:
             self._end(w, state)
 
@@ -236,8 +266,45 @@ class Workloads:
                     self.job_unit[job["id"]] = (w.id, job["unit"])
                     if State(job["state"]).terminal:
                         self.ended_jobs[job["id"]] = State(job["state"])
-            self._start(w)
+            self._start(w, recovered=True)
             self._dirty.add(w.id)
 
     def rows(self, tenant: str | None, active: bool | None = True) -> list[dict]:
         return self.cp.store.workloads(tenant=tenant, active=active)
+
+    # --- what units report -------------------------------------------------------------------
+
+    def unit_token(self, job_id: int, attempt: int) -> str | None:
+        """The credential an attempt of a unit's job reports with (None: not a unit)."""
+        if job_id not in self.job_unit:
+            return None
+        return unitauth.token(self.cp.home, job_id, attempt)
+
+    def report(self, token: str, body: Any) -> tuple[int, str]:
+        """A unit's report, with its credential: checked with its controller's model and handed
+        to the controller. Raises `Fenced` for an attempt that is not its unit's current one (or
+        a credential of none), `SpecError` (one line naming the field) for a body its controller
+        does not take. Returns (workload id, unit)."""
+        job_id, attempt = unitauth.verify(self.cp.home, token)
+        with self.cp._lock:
+            found = self.job_unit.get(job_id)
+            js = self.cp.owner.jobs.get(job_id)
+            if found is None or js is None or js.attempt != attempt or js.status.terminal:
+                raise Fenced(f"job {job_id} attempt {attempt} is not a running unit's current "
+                             "attempt")
+            w = self.active.get(found[0])
+            if w is None:
+                raise Fenced(f"workload {found[0]} has ended")
+            ctl = self.controller(w.kind)
+            model = ctl.report_model(w, found[1])
+            if model is None:
+                raise SpecError(f"unit {found[1]!r} of {w.kind} {w.name!r} does not report")
+            try:
+                parsed = model.model_validate(body)
+            except ValidationError as e:
+                raise SpecError(errors_message("report", e.errors(), model)) from None
+            if ctl.report(w, found[1], parsed, self.ctx):
+                self.cp.store.update_workload(w.id, status=w.status)
+                self._dirty.add(w.id)
+                self.cp.notify()
+            return w.id, found[1]

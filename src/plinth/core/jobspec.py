@@ -333,18 +333,3 @@ class JobSpec(BaseModel):
                    name=self.name, tenant=tenant, priority=self.priority,
                    preemptible=self.preemptible, time_limit=self.max_runtime,
                    retries=self.retries)
-
-
-def job_to_run(spec: BaseModel, source: str = "spec") -> JobSpec:
-    """The Job spec that the control plane runs. A spec of another kind (loaded by
-    `plinth.core.spec.load_spec`) is a one-line error naming its kind and what runs it."""
-    if isinstance(spec, JobSpec):
-        return spec
-    kind, run_with = spec.kind, spec.run_with  # type: ignore[attr-defined]  # every kind has them
-    from plinth.control.kinds import CONTROLLERS  # it imports this module
-
-    if kind in CONTROLLERS.names():  # a kind the control plane runs, as a workload
-        raise SpecError(f"{source}: kind: a {kind} spec is not a Job; submit it with "
-                        "`plinth submit FILE` (Client.submit_workload)")
-    raise SpecError(f"{source}: kind: the control plane does not run {kind} specs yet; use "
-                    f"`{run_with}` meanwhile")

@@ -370,11 +370,7 @@ def _line_of(node: yaml.Node | None, loc: tuple[Any, ...]) -> int | None:
 # A spec names its kind in a top-level `kind` field. Each kind's model has a field
 # `kind: Literal["<kind>"]` and a `run_with` ClassVar: the command that runs a spec of that kind.
 KINDS: Registry[type[BaseModel]] = Registry("kind")
-KINDS.add("Job", "plinth.core.jobspec:JobSpec")
-KINDS.add("Service", "plinth.serve.spec:ServiceSpec")
-KINDS.add("FLTask", "plinth.fl.app:AppSpec")
-KINDS.add("Tune", "plinth.tune.spec:TuneSpec")
-KINDS.add("Cluster", ClusterSpec)
+# The control plane registers the kinds from the top (`plinth.control.kinds`).
 DEFAULT_KIND = "Job"
 
 
@@ -388,7 +384,10 @@ def trusted(context: Any) -> bool:
     return isinstance(context, dict) and context.get("trusted") is True
 
 
-def load_spec(path_or_text: str | Path, *, kind: str | None = None, source: str | None = None,
+KindArg = str | type[BaseModel] | None  # a kind's name, or its model (then nothing is looked up)
+
+
+def load_spec(path_or_text: str | Path, *, kind: KindArg = None, source: str | None = None,
               overrides: Mapping[str, Any] | None = None) -> Any:
     """Read a spec once and check it with its kind's model; returns the model.
 
@@ -408,7 +407,7 @@ def load_spec(path_or_text: str | Path, *, kind: str | None = None, source: str 
     return _check(data, where, kind, overrides, node)
 
 
-def spec_from_dict(data: Any, *, source: str = "spec", kind: str | None = None,
+def spec_from_dict(data: Any, *, source: str = "spec", kind: KindArg = None,
                    overrides: Mapping[str, Any] | None = None, stored: bool = False) -> Any:
     """`load_spec` for an already-parsed document (an API body, a test); `source` prefixes
     every error and may be empty. `stored`: a spec the store holds, accepted when it was
@@ -416,7 +415,7 @@ def spec_from_dict(data: Any, *, source: str = "spec", kind: str | None = None,
     return _check(data, source, kind, overrides, None, TRUSTED if stored else None)
 
 
-def _check(data: Any, where: str, kind: str | None, overrides: Mapping[str, Any] | None,
+def _check(data: Any, where: str, kind: KindArg, overrides: Mapping[str, Any] | None,
            node: yaml.Node | None, context: dict | None = None) -> Any:
     head = f"{where}: " if where else ""
     if not isinstance(data, dict):
@@ -425,12 +424,19 @@ def _check(data: Any, where: str, kind: str | None, overrides: Mapping[str, Any]
     named = data.get("kind")
     line = _line_of(node, ("kind",)) if named is not None else None
     field = f"{where}:{line}: kind" if line else f"{head}kind"
-    name = KINDS.check(kind or DEFAULT_KIND) if named is None else KINDS.check(str(named),
-                                                                              field=field)
-    model = KINDS.get(name)
-    if kind is not None and name != KINDS.check(kind):
-        raise SpecError(f"{field}: this command reads a {KINDS.check(kind)} spec, not a {name} "
-                        f"spec (run that with `{model.run_with}`)")  # type: ignore[attr-defined]
+    given = kind if isinstance(kind, type) else None
+    if given is not None:
+        kind = given.model_fields["kind"].default
+    if given is not None and (named is None or str(named).strip().lower() == kind.lower()):
+        name, model = kind, given
+    else:
+        name = KINDS.check(kind or DEFAULT_KIND) if named is None else KINDS.check(str(named),
+                                                                                  field=field)
+        model = KINDS.get(name)
+    if kind is not None and name != (kind if given is not None else KINDS.check(kind)):
+        raise SpecError(f"{field}: this command reads a {kind if given else KINDS.check(kind)} "
+                        f"spec, not a {name} spec (run that with "
+                        f"`{model.run_with}`)")  # type: ignore[attr-defined]
     data = _override({**data, "kind": name}, overrides or {}, where)
     try:
         return model.model_validate(data, context=context)
@@ -463,11 +469,11 @@ def _override(data: dict[str, Any], overrides: Mapping[str, Any], where: str) ->
 
 def cluster_from_dict(data: Any, *, source: str = "cluster spec") -> Cluster:
     """Validate an already-parsed spec (e.g. from an API body). `source` prefixes every error."""
-    return _to_cluster(spec_from_dict(data, source=source, kind="Cluster"), source)
+    return _to_cluster(spec_from_dict(data, source=source, kind=ClusterSpec), source)
 
 
 def load_cluster_yaml(path: str) -> Cluster:
-    return _to_cluster(load_spec(Path(path), kind="Cluster"), path)
+    return _to_cluster(load_spec(Path(path), kind=ClusterSpec), path)
 
 
 def _to_cluster(spec: ClusterSpec, source: str) -> Cluster:

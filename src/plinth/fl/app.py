@@ -336,7 +336,7 @@ class AdmmSpec(_Spec):
 
 
 class AppSpec(_Spec):
-    """Read it with `load_app` (or `plinth.core.spec.load_spec(path, kind="FLTask")`)."""
+    """Read it with `load_app` (or `plinth.core.spec.load_spec(path, kind=AppSpec)`)."""
 
     run_with: ClassVar[str] = "plinth fl sim|server|client FILE"
 
@@ -390,7 +390,7 @@ class AppSpec(_Spec):
 def parse_app(doc: Any, where: str = "app", base_dir: str = ".") -> AppSpec:
     """An app spec from an already-parsed document; paths in it are taken relative to
     `base_dir`."""
-    return spec_from_dict(doc, source=where, kind="FLTask", overrides={"base_dir": base_dir})
+    return spec_from_dict(doc, source=where, kind=AppSpec, overrides={"base_dir": base_dir})
 
 
 def _combination_problem(spec: AppSpec) -> str | None:
@@ -430,7 +430,7 @@ def _combination_problem(spec: AppSpec) -> str | None:
 def load_app(path: str | Path, overrides: dict[str, Any] | None = None) -> AppSpec:
     """Read and check an app YAML. `overrides` maps dotted fields to values (from the CLI)."""
     p = Path(path)
-    return load_spec(p, kind="FLTask",
+    return load_spec(p, kind=AppSpec,
                      overrides={**(overrides or {}), "base_dir": str(p.resolve().parent)})
 
 

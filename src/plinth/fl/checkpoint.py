@@ -8,6 +8,9 @@ Layout of a checkpoint folder::
 A round's arrays are written to a temporary folder, flushed, and renamed into place *before* its
 row is committed, so the newest row always points at complete files. A server killed at any
 moment resumes from the newest committed round. Older round folders are pruned (two are kept).
+
+The checkpoint is the unit's own: its controller never reads it. What the controller needs (each
+committed round, the tree's size) the checkpointer reports (`plinth.fl.reports`).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import numpy as np
 
 from plinth.core.errors import PlinthError
 from plinth.fl.messages import NDArrays
+from plinth.fl.reports import RoundReports
 
 KEEP = 2
 
@@ -38,7 +42,9 @@ class Restored:
 
 
 class Checkpointer:
-    def __init__(self, folder: str | Path) -> None:
+    def __init__(self, folder: str | Path, reports: RoundReports | None = None) -> None:
+        self.reports = reports or RoundReports(None, server=True)
+        self.shape: dict[str, Any] | None = None  # the last round's tree, with one
         self.dir = Path(folder)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.db = sqlite3.connect(self.dir / "meta.sqlite")
@@ -69,15 +75,13 @@ class Checkpointer:
         self.db.commit()
         for old in sorted(self.dir.glob("round_*"))[:-KEEP]:
             shutil.rmtree(old, ignore_errors=True)
+        self.reports.round(record)
 
-    def publish(self, name: str, doc: dict[str, Any]) -> Path:
-        """Write `doc` as JSON to `name` in the folder, atomically (a reader never sees half
-        of it): the status a controller reads, e.g. the aggregator tree's ``tree.json``."""
-        path = self.dir / name
-        tmp = self.dir / f".{name}.tmp"
-        tmp.write_text(json.dumps(doc, indent=1, sort_keys=True))
-        tmp.replace(path)
-        return path
+    def tree(self, shape: dict[str, Any]) -> None:
+        """The round's aggregator tree (`TreeController.shape_doc`), kept as `shape`: its size
+        is reported."""
+        self.shape = shape
+        self.reports.tree(int(shape["leaves"]))
 
     def latest(self) -> Restored | None:
         row = self.db.execute("SELECT round, n_params, state_names FROM rounds "
@@ -96,7 +100,9 @@ class Checkpointer:
         records = [json.loads(r) for (r,) in
                    self.db.execute("SELECT record FROM rounds WHERE round <= ? ORDER BY round",
                                    (rnd,))]
+        self.reports.restored(records)
         return Restored(rnd, params, state, records)
 
     def close(self) -> None:
         self.db.close()
+        self.reports.close()

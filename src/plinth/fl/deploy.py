@@ -21,10 +21,12 @@ from typing import Any
 from plinth.core.errors import SpecError
 from plinth.fl.app import AppSpec, load_app
 from plinth.fl.checkpoint import Checkpointer
+from plinth.fl.reports import RoundReports
 from plinth.fl.client import AppClients
 from plinth.fl.server import RoundRecord
 from plinth.fl.sim import initial_model, serve_rounds, summary
 from plinth.fl.transport.grpc import GrpcClient, GrpcTransport, load_tokens, parse_address, read_pem
+from plinth.runtime.report import Reporter
 
 log = logging.getLogger("plinth.fl.deploy")
 SECAGG_MAX_CLIENTS = 1 << 15  # SecAgg+'s default fixed point (clip 1, scale 2^16) sums 32,767
@@ -41,7 +43,9 @@ def run_server(app_path: str, *, address: str, rounds: int | None = None, resume
         raise SpecError(f"{app_path}: server.aggregation.middles: only an FLTask's controller "
                         f"starts middle aggregators; by hand, start `plinth fl aggregator` on "
                         f"each machine and leave middles out")
-    ckpt = Checkpointer(spec.resolve(spec.checkpoint_dir)) if spec.checkpoint_dir else None
+    ckpt = Checkpointer(spec.resolve(spec.checkpoint_dir),
+                        RoundReports(Reporter.from_env(), server=True)) \
+        if spec.checkpoint_dir else None
     if resume and ckpt is None:
         raise SpecError("--resume needs checkpoint_dir in the app or --checkpoint")
     consent = None
@@ -136,7 +140,8 @@ def run_aggregator(app_path: str, *, server: str, address: str, clients: int, na
     on `address`; it joins `server` as one client named `name` and sends one update per task.
     Each task runs on `fraction` of its clients (at least one). With
     `server.aggregation.mode: tree` in the app, the machine's leaves fold its clients' updates,
-    and each round's tree is published as `tree.json` in `status_dir`."""
+    and each round's tree size is reported to the task's controller (on the platform); its
+    state is kept in `status_dir`."""
     from plinth.fl.aggregate.middle import MiddleAggregator
 
     parse_address(server)
@@ -158,7 +163,9 @@ def run_aggregator(app_path: str, *, server: str, address: str, clients: int, na
                                   threads=spec.server.aggregation_threads,
                                   fraction=fraction,
                                   aggregation=agg if agg.mode == "tree" else None,
-                                  status=Checkpointer(status_dir) if status_dir else None)
+                                  status=Checkpointer(status_dir, RoundReports(
+                                      Reporter.from_env(), server=False))
+                                  if status_dir else None)
         examples = middle.wait_for_clients()
         up = _dial(spec, server, name, token, {"num_examples": examples, "aggregator": True})
         return up.serve(middle.handle)

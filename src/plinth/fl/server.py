@@ -284,11 +284,11 @@ class Server:
                            metrics)
 
     def _publish_tree(self, chosen: list[str]) -> None:
-        """With the aggregator tree, write the round's desired shape as ``tree.json`` in the
-        checkpoint folder, where a controller reads it to resize aggregator units."""
+        """With the aggregator tree, hand the round's desired shape to the checkpointer, which
+        reports its size to the task's controller (to resize aggregator units)."""
         tree = self.strategy.tree
         if tree is not None and self.checkpoint is not None:
-            self.checkpoint.publish("tree.json", tree.shape_doc(chosen))
+            self.checkpoint.tree(tree.shape_doc(chosen))
 
     def _secagg_round(self, r: int, chosen: list[str]) -> RoundRecord:
         """One SecAgg+ round: setup (train + advertise keys), share keys, masked input, unmask.

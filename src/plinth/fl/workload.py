@@ -13,76 +13,73 @@ With `server.aggregation.mode: tree` (and no `leaf_listen` of the user's own), t
 aggregators are units too: `leaf-0..N-1`, each `plinth fl leaf` joining the server on loopback
 with a token the controller writes for them. They are placed on the server's node
 (`colocate_with`), as LIFL places leaves beside the aggregator they feed, so their updates pass
-through shared memory. The server sizes the tree each round (`size_tree`, published in its
-`tree.json`); the controller keeps that many leaf units and one warm spare, up to `max_leaves`.
+through shared memory. The server sizes the tree each round (`size_tree`) and reports the size;
+the controller keeps that many leaf units and one warm spare, up to `max_leaves`.
 
 With `server.aggregation.middles: N` the tree has a level per node, as in LIFL: N middle
 aggregator units `middle-0..N-1` (`plinth fl aggregator`), each kept on a node of its own
 (`apart_from`), each with leaf units `middle-K.leaf-J` on its node, sized by its own
-`tree.json` as above. Client `cid` joins middle `cid mod N` with its token; the middles join
+report as above. Client `cid` joins middle `cid mod N` with its token; the middles join
 the server with tokens the controller writes, so the server folds one update per node. The
 task's `server.fraction` is drawn by each middle from its own clients (the server asks every
 middle each round).
 
-Each second the controller reads the rounds the server has committed (its checkpoint's
-`meta.sqlite`) into the task's status: the round, accuracy per round, participants, failures
-and the privacy budget spent, which `plinth show TASK` prints. The task succeeds when its
-server does, and fails after `MAX_RESTARTS` failed servers.
+After each round it commits, the server reports it (`plinth.fl.reports`, over the control
+plane's API with its unit's own credential; see `plinth.runtime.report`) with the rounds before
+it, so a report lost while the control plane restarts is made good by the next. The controller
+keeps them in the task's status: the round, accuracy per round, participants, failures and the
+privacy budget spent, which `plinth show TASK` prints. The task succeeds when its server does,
+and fails after `MAX_RESTARTS` failed servers.
 
 A task has two folders (see plinth.control.tenantfs). What the controller writes for its units
 (the apps, with paths made absolute, and the tokens of leaves and middles) is in the control
-plane's own (`ControlPlane.workload_files`), which the tenant's jobs read and cannot write or
-swap: it is never written into a folder the tenant owns, so a link or a FIFO planted there sends
-no write of the control plane's anywhere. What the units write (the server's checkpoint, its
-`tree.json` and `results.json`, a middle's status) is in the tenant's own
-(`ControlPlane.workload_dir`), made there by the units, as the tenant; the controller reads it
-back only as the tenant's regular files (`tenantfs.read_regular`), never through a link.
+plane's own (`Context.files`), which the tenant's jobs read and cannot write or swap: it is
+never written into a folder the tenant owns, so a link or a FIFO planted there sends no write
+of the control plane's anywhere. What the units write (the server's checkpoint and
+`results.json`) is in the tenant's own (`Context.state_dir`), made there by the units, as the
+tenant; the controller never reads it.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import secrets
-import sqlite3
 import sys
-import tempfile
 from collections.abc import Mapping
-from contextlib import closing
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from plinth.control.kinds import Observed, Unit, Workload
+from pydantic import BaseModel
+
+from plinth.core.kinds import BaseController, Context, Files, Observed, Unit, Workload
 from plinth.core.jobspec import JobSpec, Resources
-from plinth.control.tenantfs import Handout, read_regular
 from plinth.core.errors import SpecError
 from plinth.core.net import free_port
 from plinth.core.lifecycle import State
+from plinth.fl.reports import RECENT_ROUNDS, ServerReport, TreeReport
 
 MAX_RESTARTS = 3
-RECENT_ROUNDS = 50  # accuracy per round kept in the status (the checkpoint has them all)
 WARM_LEAVES = 1  # leaf units kept beyond the round's tree, ready for the next
 LEAF = Resources(cpus=0.25, memory=512)  # per leaf aggregator unit: LIFL packs them by CPU
 MIDDLE = Resources(cpus=0.5, memory=1024)  # per middle aggregator unit (it relays and routes)
-STATUS_BYTES = 1 << 16  # a unit's tree.json is read up to this size
-META_BYTES = 64 << 20  # the server's round records (meta.sqlite, its WAL) are read up to this
 
 
-class FLTaskController:
+@dataclass(frozen=True, slots=True)
+class _Dirs:
+    state: Path  # the task's folder in its tenant's own (its units make what is in it)
+    files: Files  # the control plane's folder of what it hands the units
+
+
+class FLTaskController(BaseController):
     kind = "FLTask"
 
     def __init__(self, *, host: str = "127.0.0.1") -> None:
         self.host = host
-        self.cp: Any = None
-        self._seen: dict[int, tuple[bytes, bytes]] = {}  # the checkpoint last read, per task
+        self._dirs: dict[int, _Dirs] = {}  # per active task, from `start`
 
-    def bind(self, cp: Any) -> None:
-        self.cp = cp
-
-    def check(self, w: Workload, cluster_cpus: float, cluster_gpus: int) -> None:
+    def check(self, w: Workload, ctx: Context) -> None:
         spec = w.spec
         if spec.admm is not None:
             raise SpecError("admm: a decentralised task has no server to run; use "
@@ -94,7 +91,7 @@ class FLTaskController:
         if not tokens.is_file():
             raise SpecError(f"transport.tokens: no such file {str(tokens)!r}")
         middles = spec.server.aggregation.middles
-        nodes = len(self.cp.cluster.nodes)
+        nodes = ctx.capacity().nodes
         if middles > nodes:
             raise SpecError(f"server.aggregation.middles: {middles} middle aggregators need a "
                             f"node each, and the cluster has {nodes}")
@@ -103,17 +100,15 @@ class FLTaskController:
                             f"{spec.data.clients} clients (data.clients) leave one without any")
 
     def _dir(self, w: Workload) -> Path:
-        """The task's folder in its tenant's own: its units' state, which they make."""
-        return self.cp.workload_dir(w.id, w.tenant)
+        return self._dirs[w.id].state
 
-    def _files(self, w: Workload) -> Handout:
-        """The task's folder of the files its units read (the apps and tokens): the control
-        plane's own, which the tenant cannot write or swap (plinth.control.tenantfs)."""
-        return self.cp.workload_files(w.id, w.tenant)
+    def _files(self, w: Workload) -> Files:
+        return self._dirs[w.id].files
 
-    def started(self, w: Workload) -> None:
+    def start(self, w: Workload, ctx: Context) -> None:
         """Pick the server's address once, and write the app where the server's job reads it
         (paths in it made absolute, so it runs from any folder)."""
+        self._dirs[w.id] = _Dirs(ctx.state_dir(w), ctx.files(w))
         w.status.setdefault("address", f"{self.host}:{free_port(self.host)}")
         doc = w.spec.model_dump(mode="json", exclude={"base_dir", "checkpoint_dir", "tenant",
                                                        "resources", "priority"})
@@ -215,14 +210,11 @@ class FLTaskController:
 
     def _leaf_units(self, w: Workload, parent: str, address: str, folder: Path) -> list[Unit]:
         """The leaves of `parent` (the server, or a middle), on its node: the round's tree
-        (the `tree.json` its unit publishes) and a warm spare, at most max_leaves; before the
-        first round, the tree's first size and the spare. `folder`: where their token is."""
+        (as its unit last reported it) and a warm spare, at most max_leaves; before the first
+        round, the tree's first size and the spare. `folder`: where their token is."""
         agg = w.spec.server.aggregation
-        shape = self._state(w, "server/tree.json" if parent == "server" else
-                            f"{parent}/tree.json", STATUS_BYTES)
-        try:
-            want = int(json.loads(shape or b"")["leaves"])
-        except (ValueError, KeyError, TypeError):
+        want = w.status.get("leaves", {}).get(parent)
+        if want is None:
             want = 1 if agg.leaves == "auto" else agg.leaves
         command = [sys.executable, "-m", "plinth.cli.main", "fl", "leaf", "--connect", address,
                    "--token-file", str(folder / "leaf.token")]
@@ -243,72 +235,46 @@ class FLTaskController:
         if server is None or not server.state.terminal:
             return None
         if server.state is State.SUCCEEDED:
-            self._read(w)
-            self._seen.pop(w.id, None)
             return "succeeded"
-        if w.status.get("restarts", 0) >= MAX_RESTARTS:
-            self._seen.pop(w.id, None)
-            return "failed"
-        return None
+        return "failed" if w.status.get("restarts", 0) >= MAX_RESTARTS else None
 
-    def tick(self, ws: list[Workload], now: float) -> list[Workload]:
-        return [w for w in ws if self._read(w)]
+    def end(self, w: Workload, ctx: Context) -> None:
+        self._dirs.pop(w.id, None)
 
-    def _state(self, w: Workload, rel: str, limit: int) -> bytes | None:
-        """A file a unit of the task wrote in its folder (`rel` inside it), read as the
-        tenant's regular file only, without following a link or waiting on a FIFO."""
-        d = self._dir(w)
-        return read_regular(d.parent, f"{d.name}/{rel}", limit)
+    # --- what the units report --------------------------------------------------------------
 
-    def _read(self, w: Workload) -> bool:
-        """The rounds committed since the last read, into the status; True if any. The
-        server's `meta.sqlite` (and its write-ahead log, read first) is copied out of the
-        tenant's folder and read from the copy, so that SQLite never opens a path there."""
-        wal = self._state(w, "server/meta.sqlite-wal", META_BYTES)
-        db = self._state(w, "server/meta.sqlite", META_BYTES)
-        if db is None:
-            return False
-        seen = (hashlib.sha256(db).digest(), hashlib.sha256(wal or b"").digest())
-        if self._seen.get(w.id) == seen:
-            return False
-        self._seen[w.id] = seen
-        try:
-            with tempfile.TemporaryDirectory(prefix="plinth-fl-meta-") as tmp:
-                copy = Path(tmp) / "meta.sqlite"
-                copy.write_bytes(db)
-                if wal:
-                    Path(f"{copy}-wal").write_bytes(wal)
-                with closing(sqlite3.connect(copy, timeout=1)) as c:
-                    rows = c.execute("SELECT round, record FROM rounds WHERE round > ? "
-                                     "ORDER BY round", (w.status.get("round", 0),)).fetchall()
-        except sqlite3.Error:  # caught mid-write: read again next time
-            self._seen.pop(w.id, None)
-            return False
-        if not rows:
-            return False
+    def report_model(self, w: Workload, unit: str) -> type[BaseModel] | None:
+        if unit == "server":
+            return ServerReport
+        return TreeReport if unit in {m["name"] for m in w.status.get("middles", [])} else None
+
+    def report(self, w: Workload, unit: str, body: BaseModel, ctx: Context) -> bool:
+        """A middle's tree size, or the server's: its tree size and the rounds it has committed
+        (those not in the status yet go in, with the privacy budget spent)."""
+        changed = False
+        leaves = getattr(body, "leaves", None)
+        if leaves is not None and w.status.get("leaves", {}).get(unit) != leaves:
+            w.status.setdefault("leaves", {})[unit] = leaves
+            changed = True
+        if not isinstance(body, ServerReport):
+            return changed
         per_round = w.status.setdefault("per_round", [])
-        for rnd, text in rows:
-            rec = json.loads(text)
-            metrics = rec.get("metrics") or {}
-            clients, failed = len(rec.get("clients") or []), len(rec.get("failures") or [])
-            # central DP's ε, else local DP's (per client, against the server)
-            eps = next((metrics[k] for k in ("epsilon", "dp_epsilon", "local_epsilon")
-                        if k in metrics), None)
-            per_round.append({"round": rnd, "accuracy": rec.get("accuracy"),
-                              "loss": rec.get("loss"), "participants": clients,
-                              "failures": failed, "seconds": rec.get("seconds"),
-                              "leaves": metrics.get("leaves"), "epsilon": eps})
-            w.status.update(round=rnd, participants=clients, updates=rec.get("updates"),
-                            failures=failed)
-            self.cp.metrics.fl_round(w.name, seconds=float(rec.get("seconds") or 0.0),
-                                     updates=int(rec.get("updates") or 0), failures=failed)
-            if eps is not None:
-                w.status["epsilon"] = eps
+        for rec in body.rounds:
+            if rec.round <= w.status.get("round", 0):
+                continue
+            per_round.append(rec.model_dump())
+            w.status.update(round=rec.round, participants=rec.participants,
+                            updates=rec.updates, failures=rec.failures)
+            if rec.epsilon is not None:
+                w.status["epsilon"] = rec.epsilon
+            ctx.count("fl_round", w.name, seconds=rec.seconds or 0.0,
+                      updates=rec.updates or 0, failures=rec.failures)
+            changed = True
         del per_round[:-RECENT_ROUNDS]
         dp = w.spec.privacy.dp or w.spec.privacy.local_dp
         if dp is not None:
             w.status["epsilon_budget"] = dp.epsilon_budget
-        return True
+        return changed
 
 
 def _live(o: Observed | None) -> bool:

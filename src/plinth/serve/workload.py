@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from plinth.control.kinds import Observed, Unit, Workload
+from plinth.core.kinds import BaseController, Context, Observed, Unit, Workload
 from plinth.core.jobspec import JobSpec
 from plinth.core.errors import SpecError
 from plinth.core.net import free_port
@@ -56,7 +56,7 @@ class _Live:
     timeline: deque = field(default_factory=lambda: deque(maxlen=TIMELINE))  # (t, desired, ready)
 
 
-class ServiceController:
+class ServiceController(BaseController):
     """The Service kind's controller: replica units, the router, and the autoscaler."""
 
     kind = "Service"
@@ -93,7 +93,7 @@ class ServiceController:
         if self.server is not None:
             self.server.stop()
 
-    def started(self, w: Workload) -> None:
+    def start(self, w: Workload, ctx: Context) -> None:
         """A service is submitted, or found again after a restart: it gets its route."""
         url = self.address(w.status)
         self.server.call(self.router.add_service(w.name, w.secret))  # type: ignore[union-attr]
@@ -104,18 +104,19 @@ class ServiceController:
         if w.spec.tuned:
             w.status["tuned"] = tuned_status(w.spec)
 
-    def ended(self, w: Workload) -> None:
+    def end(self, w: Workload, ctx: Context) -> None:
         if self.server is not None:
             self.server.call(self.router.remove_service(w.name))
         self._live.pop(w.id, None)
 
-    def unit_ended(self, w: Workload, unit: str) -> None:
+    def unit_ended(self, w: Workload, unit: str, ctx: Context) -> None:
         if self.server is not None:
             self.server.call(self.router.remove_unit(w.name, unit))
 
-    def check(self, w: Workload, cluster_cpus: float, cluster_gpus: int) -> None:
+    def check(self, w: Workload, ctx: Context) -> None:
         """Refuse, in one line, a service whose replica set could never fit the cluster."""
         s: ServiceSpec = w.spec
+        cluster_cpus, cluster_gpus = ctx.capacity().cpus, ctx.capacity().gpus
         need = s.max_replicas * s.resources.cpus
         if need > cluster_cpus:
             raise SpecError(f"max_replicas: {s.max_replicas} replicas of "
@@ -156,9 +157,10 @@ class ServiceController:
 
     # --- the autoscaler ---------------------------------------------------------------------
 
-    def tick(self, services: list[Workload], now: float) -> list[Workload]:
+    def tick(self, services: list[Workload], ctx: Context) -> list[Workload]:
         """Every `tick_s`: read the router, decide for every service at once, and return the
         services whose desired replica count changed."""
+        now = ctx.now()
         if not services or self.server is None or now < self._next_tick:
             return []
         self._next_tick = now + self.tick_s

@@ -28,7 +28,7 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from plinth.control.kinds import Observed, Unit, Workload
+from plinth.core.kinds import BaseController, Context, Observed, Unit, Workload
 from plinth.core.jobspec import JobSpec, Resources
 from plinth.core.errors import SpecError
 from plinth.core.spec import TRUSTED
@@ -54,27 +54,28 @@ def unit_names(spec: TuneSpec) -> dict[float, tuple[list[str], list[str]]]:
             for s in spec.shares}
 
 
-class TuneController:
-    """Units of Tune workloads (`plinth.control.kinds.Controller`); its record in `w.status`
+class TuneController(BaseController):
+    """Units of Tune workloads (`plinth.core.kinds.Controller`); its record in `w.status`
     is each client's failure count."""
 
     kind = "Tune"
 
-    def check(self, w: Workload, cluster_cpus: float, cluster_gpus: int) -> None:
+    def check(self, w: Workload, ctx: Context) -> None:
         spec = _spec(w)
+        cluster_cpus, cluster_gpus = ctx.capacity().cpus, ctx.capacity().gpus
         if spec.target == "cpu" and max(spec.shares) > cluster_cpus:
             raise SpecError(f"shares: {max(spec.shares):g} cores is more than the cluster's "
                             f"{cluster_cpus:g} CPUs")
         if spec.target == "cuda" and cluster_gpus == 0:
             raise SpecError("target: cuda, but the cluster has no GPU")
 
-    def started(self, w: Workload) -> None:
+    def start(self, w: Workload, ctx: Context) -> None:
         """What `plinth ls` shows of the task (the list of workloads carries no specs)."""
         spec = _spec(w)
         w.status.update(target=spec.target, shares=list(spec.shares), trials=spec.trials,
                         clients_per_share=spec.clients, db=spec.db)
 
-    def unit_ended(self, w: Workload, unit: str) -> None:
+    def unit_ended(self, w: Workload, unit: str, ctx: Context) -> None:
         """Called once per ended job of a unit; counts the clients' failures."""
         w.status.setdefault("ended", {})
         w.status["ended"][unit] = w.status["ended"].get(unit, 0) + 1
@@ -94,13 +95,13 @@ class TuneController:
             out.insert(0, Unit("tracker", tracker_job(spec)))
         return out
 
-    def finished(self, w: Workload, observed: Mapping[str, Observed]) -> State | None:
-        """SUCCEEDED when every client has, FAILED when one has given up, else None."""
+    def finished(self, w: Workload, observed: Mapping[str, Observed]) -> str | None:
+        """succeeded when every client has, failed when one has given up, else None."""
         clients = [c for _, cs in unit_names(_spec(w)).values() for c in cs]
         if not all(_done(w, observed, c) for c in clients):
             return None
         ok = all(observed[c].state is State.SUCCEEDED for c in clients)
-        return State.SUCCEEDED if ok else State.FAILED
+        return "succeeded" if ok else "failed"
 
 
 def _spec(w: Workload) -> TuneSpec:

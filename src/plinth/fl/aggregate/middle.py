@@ -88,8 +88,8 @@ class MiddleAggregator:
         # `fraction` of the joined clients (every one by default, at least one) take part in
         # each task; once `clients` have joined (see `wait_for_clients`), a task runs on
         # whoever is still there. With `aggregation` in tree mode, the machine's leaves fold
-        # them (the round's shape is published to `status`, where the task's controller reads
-        # how many leaf units to keep).
+        # them (the round's shape goes to `status`, which reports to the task's controller how
+        # many leaf units to keep).
         if not 0.0 < fraction <= 1.0:
             raise PlinthError(f"--fraction: {fraction:g} is not in (0, 1]")
         cfg = ServerSpec(fraction=fraction, min_clients=1, min_available=1,

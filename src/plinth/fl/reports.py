@@ -1,0 +1,97 @@
+"""What an FL task's units report to their controller (`plinth.fl.workload`), and how.
+
+The server reports after each round it commits: the round records of the last `RECENT_ROUNDS`
+rounds (so a report lost while the control plane restarts is made good by the next) and the
+size of its aggregator tree for the next round. A middle aggregator reports its own tree's
+size. The bodies are checked with these models at the API, as every spec is: a unit that sends
+anything else gets a one-line error naming the field, and its controller never sees it.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from plinth.runtime.report import Reporter
+
+RECENT_ROUNDS = 50  # rounds a report carries, and a task's status keeps (its checkpoint has all)
+MAX_LEAVES = 4096
+
+_BODY = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+class RoundRow(BaseModel):
+    """One committed round, as `plinth show TASK` prints it."""
+
+    model_config = _BODY
+    round: int = Field(ge=1)
+    accuracy: float | None = None
+    loss: float | None = None
+    participants: int = Field(ge=0)
+    failures: int = Field(ge=0)
+    seconds: float | None = Field(default=None, ge=0)
+    updates: int | None = Field(default=None, ge=0)
+    leaves: int | None = Field(default=None, ge=0, le=MAX_LEAVES)
+    epsilon: float | None = Field(default=None, ge=0)  # the privacy budget spent so far
+
+
+class TreeReport(BaseModel):
+    """A middle aggregator's: the size of its tree of leaves for the next round."""
+
+    model_config = _BODY
+    leaves: int | None = Field(default=None, ge=0, le=MAX_LEAVES)
+
+
+class ServerReport(TreeReport):
+    """The server's: its tree's size, and its latest rounds, oldest first."""
+
+    rounds: list[RoundRow] = Field(default_factory=list, max_length=RECENT_ROUNDS)
+
+
+def round_row(record: dict[str, Any]) -> RoundRow:
+    """A server's round record (`plinth.fl.server.RoundRecord`, as stored) as reported."""
+    metrics = record.get("metrics") or {}
+    # central DP's epsilon, else local DP's (per client, against the server)
+    eps = next((metrics[k] for k in ("epsilon", "dp_epsilon", "local_epsilon") if k in metrics),
+               None)
+    return RoundRow(round=record["round"], accuracy=record.get("accuracy"),
+                    loss=record.get("loss"), participants=len(record.get("clients") or []),
+                    failures=len(record.get("failures") or []), seconds=record.get("seconds"),
+                    updates=record.get("updates"), leaves=metrics.get("leaves"), epsilon=eps)
+
+
+class RoundReports:
+    """The reporting side: a server's (or a middle's) rounds and tree size, sent as one report
+    each time either changes. Without a reporter (a unit run by hand, `plinth fl sim`) it
+    keeps nothing and sends nothing."""
+
+    def __init__(self, reporter: Reporter | None, server: bool) -> None:
+        self.reporter, self.server = reporter, server
+        self.rows: deque[RoundRow] = deque(maxlen=RECENT_ROUNDS)
+        self.leaves: int | None = None
+
+    def restored(self, records: list[dict[str, Any]]) -> None:
+        """The rounds a resumed server had committed before."""
+        self.rows.extend(round_row(r) for r in records[-RECENT_ROUNDS:])
+
+    def round(self, record: dict[str, Any]) -> None:
+        self.rows.append(round_row(record))
+        self._send()
+
+    def tree(self, leaves: int) -> None:
+        if leaves != self.leaves:
+            self.leaves = leaves
+            self._send()
+
+    def _send(self) -> None:
+        if self.reporter is None:
+            return
+        body = ServerReport(leaves=self.leaves, rounds=list(self.rows)) if self.server \
+            else TreeReport(leaves=self.leaves)
+        self.reporter.send(body.model_dump(mode="json", exclude_none=True))
+
+    def close(self, timeout: float = 10.0) -> None:
+        if self.reporter is not None:
+            self.reporter.close(timeout)
