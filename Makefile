@@ -23,6 +23,7 @@ run: $(STAMP)
 	$(BIN)/plinth quickstart
 
 test: $(STAMP) browser
+	$(BIN)/lint-imports  # the layers and no import cycles (pyproject's [tool.importlinter])
 	$(BIN)/pytest -q -n 2 --dist loadgroup  # the tests of one Ray cluster share a worker
 
 # The dashboard's browser tests drive the system's Chromium (Debian's chromium and

@@ -22,7 +22,8 @@ from fastapi import FastAPI, Request, Response
 from replica_process import ReplicaProcess
 
 from plinth.core.errors import PlinthError, SpecError
-from plinth.serve.model import check_model, check_model_here, forward_fn, load_handler, load_model
+from plinth.serve.check import check_model, check_model_here
+from plinth.serve.model import forward_fn, load_handler, load_model
 from plinth.serve.replica import NPY
 
 ROOT = str(Path(__file__).resolve().parents[2])

@@ -17,7 +17,7 @@ def test_idle_minutes_before_the_first_request_are_no_history(tmp_path) -> None:
     try:
         ctx = LocalContext(tmp_path)
         ctl.start(w, ctx)
-        for now in range(0, 30):  # five idle minutes on the controller's clock
+        for now in range(30):  # five idle minutes on the controller's clock
             ctx.t = float(now)
             ctl.tick([w], ctx)
         assert ctl._live[w.id].history == []

@@ -27,7 +27,7 @@ from replica_process import ReplicaProcess
 from plinth.core.errors import SpecError
 from plinth.core.net import free_port
 from plinth.core.spec import load_spec
-from plinth.serve.model import check_model
+from plinth.serve.check import check_model
 from plinth.serve.replica import NPY
 from plinth.tune.db import listing, model_key
 from plinth.tune.models import tiny_linear

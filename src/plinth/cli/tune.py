@@ -11,7 +11,6 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from plinth.cli.platform import Server, Token
 
 app = typer.Typer(help="Tune models at the GPU or CPU share they will run at (SLICE-TUNE).",
                   no_args_is_help=True)
@@ -59,14 +58,3 @@ def show(db: Annotated[Path, typer.Argument(help="A tuning database folder (a Tu
         t.add_row(e.model, e.target, f"{e.share:g}{unit}", str(e.tasks), str(e.records),
                   str(e.shards), "-" if e.seconds is None else f"{e.seconds:,.0f}")
     console.print(t)
-
-
-@app.command("run")
-def run(spec: Annotated[Path, typer.Argument(help="A Tune spec (YAML).")],
-        server: Server = None, token: Token = None) -> None:
-    """Submit a Tune spec: the control plane runs its tracker, servers and clients as units."""
-    from plinth.cli.platform import submit
-    from plinth.core.spec import load_spec
-
-    load_spec(spec, kind="Tune")  # a wrong kind or field is reported as for `plinth submit`
-    submit([spec], server=server, token=token)

@@ -22,7 +22,8 @@ import plinth
 from plinth.control.auth import Auth, Principal, check_tenant_name
 from plinth.control.bodylimit import DEFAULT_MAX_BODY_BYTES, BodyLimit
 from plinth.control.kinds import check_kind
-from plinth.control.service import Conflict, ControlPlane, NotFound
+from plinth.control.errors import Conflict, NotFound
+from plinth.control.service import ControlPlane
 from plinth.core.jobspec import JobSpec
 from plinth.control.store import TOKEN_ID_CHARS, digest
 from plinth.control.unit_api import unit_routes

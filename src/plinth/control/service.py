@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from plinth.control import tenantfs, users
+from plinth.control.errors import Conflict, NotFound
 from plinth.control.cancel import cancel_array, cancel_jobs
 from plinth.control.holds import Holds
 from plinth.control.launchspec import launch_spec
@@ -64,14 +65,6 @@ MIN_PASS_INTERVAL_S = 0.005
 NODE_CHECK_S = 2.0
 # At most this many launches of one batch at once, on a runtime that takes them concurrently.
 LAUNCH_THREADS = 8
-
-
-class NotFound(PlinthError):
-    pass
-
-
-class Conflict(PlinthError):
-    pass
 
 
 def policy_options(policy: str, quotas: tuple[TenantQuota, ...] | None) -> dict:

@@ -19,7 +19,6 @@ from plinth.control.unitauth import BadCredential
 from plinth.control.workloads import Fenced
 
 
-
 def unit_routes(cp: ControlPlane, responses: dict) -> APIRouter:
     router = APIRouter()
     bearer = HTTPBearer(auto_error=False)

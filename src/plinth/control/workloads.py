@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ValidationError
 
 from plinth.control import unitauth
+from plinth.control.errors import NotFound
 from plinth.control.kinds import CONTROLLERS
 from plinth.control.tenantfs import Handout
 from plinth.core.errors import PlinthError, SpecError
@@ -131,8 +132,6 @@ class Workloads:
         if ref.isdigit():
             rows = [r for r in rows if r["id"] == int(ref)]
         if not rows:
-            from plinth.control.service import NotFound
-
             raise NotFound(f"workload {ref!r} not found")
         return rows[0]
 

@@ -50,14 +50,13 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-
 from pydantic import BaseModel
 
-from plinth.core.kinds import BaseController, Context, Files, Observed, Unit, Workload
-from plinth.core.jobspec import JobSpec, Resources
 from plinth.core.errors import SpecError
-from plinth.core.net import free_port
+from plinth.core.jobspec import JobSpec, Resources
+from plinth.core.kinds import BaseController, Context, Files, Observed, Unit, Workload
 from plinth.core.lifecycle import State
+from plinth.core.net import free_port
 from plinth.fl.reports import RECENT_ROUNDS, ServerReport, TreeReport
 
 MAX_RESTARTS = 3

@@ -5,20 +5,14 @@ from __future__ import annotations
 import math
 import os
 import re
-from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from plinth.core.jobspec import Resources
-from plinth.core.registry import Registry
 from plinth.core.spec import beside, from_folder
-
-# The models a replica serves (plinth.serve.model builds them; torch is imported on first use).
-MODELS: Registry[Callable[[], Any]] = Registry("model")  # -> a torch.nn.Module
-MODELS.add("tiny-cnn", "plinth.serve.model:tiny_cnn")
-MODELS.add("mlp", "plinth.serve.model:mlp")
+from plinth.serve.models import MODELS
 
 
 class RouterSpec(BaseModel):
@@ -104,7 +98,7 @@ class ServiceSpec(BaseModel):
         from the spec's folder. The model is loaded and timed here, in a child process (one
         line naming the field if it fails), for `service_ms` unless the spec gives it: the
         control plane never imports a user's model."""
-        from plinth.serve.model import check_model
+        from plinth.serve.check import check_model
 
         workdir = from_folder(base, self.workdir) if self.workdir else os.path.abspath(".")
         model = beside(base, self.model)

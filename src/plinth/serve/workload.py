@@ -27,9 +27,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from plinth.core.kinds import BaseController, Context, Observed, Unit, Workload
-from plinth.core.jobspec import JobSpec
 from plinth.core.errors import SpecError
+from plinth.core.jobspec import JobSpec
+from plinth.core.kinds import BaseController, Context, Observed, Unit, Workload
 from plinth.core.net import free_port
 from plinth.serve.controller import Controller
 from plinth.serve.policies import make_policy
@@ -157,28 +157,28 @@ class ServiceController(BaseController):
 
     # --- the autoscaler ---------------------------------------------------------------------
 
-    def tick(self, services: list[Workload], ctx: Context) -> list[Workload]:
+    def tick(self, ws: list[Workload], ctx: Context) -> list[Workload]:
         """Every `tick_s`: read the router, decide for every service at once, and return the
         services whose desired replica count changed."""
         now = ctx.now()
-        if not services or self.server is None or now < self._next_tick:
+        if not ws or self.server is None or now < self._next_tick:
             return []
         self._next_tick = now + self.tick_s
         windows = self.server.call(self.router.take_window(
-            {w.name: w.spec.slo_ms / 1000 for w in services}))
+            {w.name: w.spec.slo_ms / 1000 for w in ws}))
         if self._t0 is None and any(win.arrivals for win in windows.values()):
             # The minutes of history start with the first traffic (this window's): counted
             # from the services' submission, the minutes before their clients tell nothing,
             # and the first minute with traffic would be a part of one, seen late.
             self._t0 = now - self.tick_s
-        order = tuple(w.id for w in services)
+        order = tuple(w.id for w in ws)
         if order != self._order:  # services came or went: the policy starts afresh
             self._order = order
-            self._controller = Controller(make_policy(self.policy_name), len(services))
+            self._controller = Controller(make_policy(self.policy_name), len(ws))
         minute = int((now - self._t0) // self.minute_s) if self._t0 is not None else 0
         close = minute > self._minute
         self._minute = minute
-        for w in services:
+        for w in ws:
             live, win = self._live.setdefault(w.id, _Live()), windows.get(w.name)
             if win is None:
                 continue
@@ -190,11 +190,11 @@ class ServiceController(BaseController):
             if close:
                 live.history.append(live.minute_count)
                 live.minute_count = 0
-        snap = self._snapshot(services, now)
+        snap = self._snapshot(ws, now)
         assert self._controller is not None
         decision = self._controller.step(snap)
         changed = []
-        for j, w in enumerate(services):
+        for j, w in enumerate(ws):
             live = self._live[w.id]
             win = live.window
             desired = int(w.status.get("desired", w.spec.min_replicas))

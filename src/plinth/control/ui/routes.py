@@ -15,7 +15,8 @@ from starlette.concurrency import run_in_threadpool
 
 from plinth.control.api import JobId, wall_times
 from plinth.control.auth import Auth, Principal
-from plinth.control.service import Conflict, ControlPlane, NotFound
+from plinth.control.errors import Conflict, NotFound
+from plinth.control.service import ControlPlane
 from plinth.control.ui import results, views
 from plinth.core.errors import PlinthError, SpecError
 from plinth.core.lifecycle import TERMINAL, State
