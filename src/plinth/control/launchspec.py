@@ -10,7 +10,7 @@ import time
 from typing import TYPE_CHECKING
 
 from plinth.control import users
-from plinth.runtime.base import LaunchSpec, worker_launches
+from plinth.core.runtime import LaunchSpec, worker_launches
 from plinth.sched import owner as o
 
 if TYPE_CHECKING:
