@@ -1,19 +1,21 @@
 """What Slurm and kubectl users expect of the CLI: submit --wait, ls filters and output
-formats, 80 columns, --version, restart events and the recovery line, specs run from anywhere."""
+formats, 80 columns, --version, restart events and the recovery line (in virtual time:
+virtual.py), specs run from anywhere."""
 
 from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import yaml
 from plinth_platform import run_cli as cli
+from virtual import VirtualPlatform
 
 import plinth
+from plinth.runtime.sim_behaviour import SimBehaviour
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -82,19 +84,20 @@ def test_ls_fits_80_columns(shared_platform) -> None:
     assert len(rows) == 1  # one line per job: the reason is cut, not wrapped
 
 
-def test_restart_is_in_the_history_and_summed_up(platform, wait_for) -> None:
-    with platform.client() as c:
-        j = c.submit({"name": "survivor", "command": "sleep 30"})
-        wait_for(lambda: platform.launched(j), what="launched")
-    platform.stop(signal.SIGKILL)
-    platform.start()
-    with platform.client() as c:
-        kinds = [e["kind"] for e in c.job(j)["events"]]
-        assert kinds == ["submitted", "started", "re-adopted"]
-        c.cancel(j)
-    log = (platform.home / "server.log").read_text().splitlines()
-    assert "recovered 1 running re-adopted" in log
-    assert "recovered: no unfinished jobs" in log  # the first start
+def test_restart_is_in_the_history_and_summed_up(tmp_path) -> None:
+    with VirtualPlatform(tmp_path) as vp:
+        assert vp.cp.recovery.summary() == "recovered: no unfinished jobs"  # the first start
+        vp.behave("survivor", SimBehaviour(exit_at=30.0))
+        with vp.client() as c:
+            j = c.submit({"name": "survivor", "command": "sleep 30"})
+            vp.step()
+        vp.restart(down_s=5)
+        with vp.client() as c:
+            kinds = [e["kind"] for e in c.job(j)["events"]]
+            assert kinds == ["submitted", "started", "re-adopted"]
+            assert vp.cp.recovery.summary() == "recovered 1 running re-adopted"
+            vp.run_until(lambda: c.job(j)["state"] == "succeeded", limit_s=60)
+            assert c.job(j)["end_time"] - c.job(j)["start_time"] == 30.0
 
 
 def test_a_spec_runs_from_any_directory(shared_platform, tmp_path) -> None:

@@ -10,7 +10,7 @@ import time
 from plinth.control.service import ControlPlane
 from plinth.core.jobspec import JobSpec, Resources
 from plinth.control.store import Store
-from plinth.runtime.base import Handle, LaunchSpec
+from plinth.core.runtime import Handle, LaunchSpec
 from plinth.runtime.local import LocalRuntime
 
 BATCH = 4

@@ -1,20 +1,21 @@
 """Dependencies (after, afterany, afterok, afternotok) and job arrays (`array: 0-99%10`), held in
-the control plane until they may run, as Slurm holds them."""
+the control plane until they may run, as Slurm holds them. Most run on a control plane in
+virtual time (virtual.py); the array's CLI and its tasks' environment, on a real one."""
 
 from __future__ import annotations
 
-import signal
-
 import pytest
 from plinth_platform import run_cli
+from virtual import VirtualPlatform
 
 from plinth.client import ApiError
 from plinth.control.holds import Holds, verdict
-from plinth.core.jobspec import JobSpec, parse_array
 from plinth.core.errors import SpecError
+from plinth.core.jobspec import JobSpec, parse_array
+from plinth.core.lifecycle import State
 from plinth.core.spec import spec_from_dict
 from plinth.core.workload import Job
-from plinth.core.lifecycle import State
+from plinth.runtime.sim_behaviour import SimBehaviour
 
 
 @pytest.mark.parametrize(("kind", "state", "started", "met"), [
@@ -63,49 +64,62 @@ def job(command, **extra) -> dict:
     return {"name": extra.pop("name", "dep"), "command": command, **extra}
 
 
-def test_dependencies_hold_and_release(shared_platform, wait_for) -> None:
-    with shared_platform.client() as c:
-        first = c.submit(job("sleep 2"))
-        bad = c.submit(job("exit 3"))
+@pytest.fixture
+def vp(tmp_path):
+    with VirtualPlatform(tmp_path) as p:
+        yield p
+
+
+def test_dependencies_hold_and_release(vp) -> None:
+    vp.behave("first", SimBehaviour(exit_at=2.0))
+    vp.behave("bad", SimBehaviour(exit_at=1.0, exit_code=3))
+    with vp.client() as c:
+        first = c.submit(job(["true"], name="first"))
+        bad = c.submit(job(["true"], name="bad"))
         ok = c.submit(job(["true"], afterok=[first]))
         after = c.submit(job(["true"], after=[first]))
         never = c.submit(job(["true"], afterok=[bad]))
         anyway = c.submit(job(["true"], afterany=[bad]))
         notok = c.submit(job(["true"], afternotok=[bad]))
-        wait_for(lambda: c.job(first)["state"] == "running", what="first running")
+        vp.step()
+        assert c.job(first)["state"] == "running"
         assert c.job(ok)["state"] == "pending"
         assert c.job(ok)["reason"] == f"held: dependency afterok:{first} (running)"
-        assert c.wait(after, timeout=60) == "succeeded"  # it may start once `first` has
-        assert c.job(ok)["start_time"] is None or c.job(first)["end_time"] is not None
-        assert c.wait(ok, timeout=60) == "succeeded"
-        assert c.job(ok)["start_time"] >= c.job(first)["end_time"]
-        assert c.wait(never, timeout=60) == "cancelled"
+        assert c.job(after)["state"] == "running"  # it may start once `first` has
+        vp.run_until(lambda: c.job(ok)["state"] == "succeeded", limit_s=10)
+        first_ran = c.job(first)
+        assert c.job(ok)["start_time"] == first_ran["end_time"] == first_ran["start_time"] + 2
+        assert c.job(never)["state"] == "cancelled"
         assert c.job(never)["reason"] == (f"dependency never satisfied: afterok:{bad} "
                                          f"(job {bad} ended failed)")
-        assert c.wait(anyway, timeout=60) == "succeeded"
-        assert c.wait(notok, timeout=60) == "succeeded"
+        vp.advance(5)
+        assert {c.job(j)["state"] for j in (after, anyway, notok)} == {"succeeded"}
 
 
-def test_bad_dependencies_are_refused_at_submit(shared_platform) -> None:
-    with shared_platform.client() as c:
+def test_bad_dependencies_are_refused_at_submit(vp) -> None:
+    with vp.client() as c:
         with pytest.raises(ApiError, match=r"afterok: job 999999 not found") as e:
             c.submit(job(["true"], afterok=[999999]))
         assert e.value.status == 422
         mine = c.submit(job(["true"]))
         c.set_tenant("stranger")
-        with (shared_platform.client(c.add_token("stranger")) as s,
+        with (vp.client(c.add_token("stranger")) as s,
               pytest.raises(ApiError, match=f"after: job {mine} not found")):
             s.submit(job(["true"], after=[mine]))  # another tenant's: as if not there
         with pytest.raises(ApiError, match="array_index: set by the platform"):
             c.submit(job(["true"], array_index=3))
 
 
-def test_a_held_job_can_be_cancelled(shared_platform, wait_for) -> None:
-    with shared_platform.client() as c:
-        blocker = c.submit(job("sleep 30"))
+def test_a_held_job_can_be_cancelled(vp) -> None:
+    vp.behave("blocker", SimBehaviour(exit_at=30.0))
+    with vp.client() as c:
+        blocker = c.submit(job(["true"], name="blocker"))
         held = c.submit(job(["true"], afterok=[blocker]))
+        vp.step()
         assert c.cancel(held) == "cancelled" and c.job(held)["state"] == "cancelled"
-        c.cancel(blocker)
+        vp.advance(40)
+        assert c.job(blocker)["state"] == "succeeded"
+        assert c.job(held)["state"] == "cancelled" and c.job(held)["start_time"] is None
 
 
 def test_an_array_runs_each_index_with_a_throttle(shared_platform, tmp_path) -> None:
@@ -137,13 +151,18 @@ def test_an_array_runs_each_index_with_a_throttle(shared_platform, tmp_path) -> 
     assert r.returncode == 0 and "array_index: 4" in r.stdout
 
 
-def test_a_dependency_on_an_array_waits_for_all_its_tasks(shared_platform) -> None:
-    with shared_platform.client() as c:
-        head = c.submit(job("sleep 0.$PLINTH_ARRAY_INDEX", name="arr-dep", array="1-4"))
+def test_a_dependency_on_an_array_waits_for_all_its_tasks(vp) -> None:
+    vp.behave("arr-dep", SimBehaviour(exit_at=3.0))
+    with vp.client() as c:
+        head = c.submit(job(["true"], name="arr-dep", array="1-4%2"))
         after = c.submit(job(["true"], name="after-arr", afterok=[head]))
-        assert c.wait(after, timeout=60) == "succeeded"
-        ends = [t["end_time"] for t in c.jobs(array=head, all=True)]
-        assert len(ends) == 4 and c.job(after)["start_time"] >= max(ends)
+        vp.run_until(lambda: c.job(after)["state"] == "succeeded", limit_s=60)
+        tasks = c.jobs(array=head, all=True)
+        ends = sorted(t["end_time"] - t["start_time"] for t in tasks)
+        assert len(ends) == 4 and ends == [3.0] * 4
+        # two at a time (the throttle), then the dependent job once the last has ended
+        assert c.job(after)["start_time"] == max(t["end_time"] for t in tasks) == \
+            min(t["start_time"] for t in tasks) + 6
 
 
 def test_cancelling_an_array_cancels_its_tasks(shared_platform, wait_for) -> None:
@@ -161,18 +180,19 @@ def test_cancelling_an_array_cancels_its_tasks(shared_platform, wait_for) -> Non
     assert states <= {"cancelled", "stopping"}
 
 
-def test_holds_survive_a_restart(platform, wait_for) -> None:
-    with platform.client() as c:
-        blocker = c.submit(job("sleep 60"))
+def test_holds_survive_a_restart(vp) -> None:
+    vp.behave("blocker", SimBehaviour(exit_at=60.0))
+    with vp.client() as c:
+        blocker = c.submit(job(["true"], name="blocker"))
         held = c.submit(job(["true"], afterok=[blocker]))
-        wait_for(lambda: platform.launched(blocker), what="blocker launched")
-    platform.stop(signal.SIGKILL)
-    platform.start()
-    with platform.client() as c:
+        vp.step()
+    vp.restart(down_s=5)
+    with vp.client() as c:
         assert c.job(held)["state"] == "pending"
         assert c.job(held)["reason"].startswith("held: dependency afterok:")
+        assert c.job(blocker)["state"] == "running"
         c.cancel(blocker)
-        assert c.wait(held, timeout=30) == "cancelled"
+        vp.run_until(lambda: c.job(held)["state"] == "cancelled", limit_s=30)
         assert "never satisfied" in c.job(held)["reason"]
 
 

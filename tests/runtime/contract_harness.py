@@ -10,8 +10,8 @@ itself to `HARNESSES`:
   exits at `duration_s` with `exit_code`, saves at `checkpoints`, ignores SIGTERM until the grace
   ends, vanishes) and advances virtual time, stepping to the instant of every event; its
   `worker_env` is the environment the runtime would set (`SimRuntime.worker_env`, which is
-  plinth.runtime.base.gang_env on the workers of the allocation). The simulated runtime speaks
-  the owner's events; `runtime_event` turns them into the RuntimeEvents the suite checks.
+  plinth.core.runtime.gang_env on the workers of the launch). It drives the simulated runtime
+  through the same protocol as the local one: launch, stop, poll, close, adopt and find.
 
 Times in a scenario count from the moment `launch` returns; `launch` returns once every worker
 acts the scenario out (for real processes: once each has installed its SIGTERM handler).
@@ -31,13 +31,13 @@ from dataclasses import asdict, dataclass, field
 from itertools import count
 from pathlib import Path
 
-from plinth.core.resources import Allocation, Cluster, Node, Request, WorkerSlot
+from plinth.core.clock import VirtualClock
+from plinth.core.resources import Cluster, Node, Request
 from plinth.core.throughput import FIXED_SPEED
 from plinth.core.workload import Job
 from plinth.runtime import EventKind, Handle, LaunchSpec, LocalRuntime, RuntimeEvent, WorkerLaunch
-from plinth.runtime.sim import SimBehaviour, SimRuntime
-from plinth.core.lifecycle import StopReason
-from plinth.sched.owner import CheckpointSaved, Event, Exited, Launch, Lost, Started, Stop
+from plinth.runtime.sim import SimRuntime
+from plinth.runtime.sim_behaviour import SimBehaviour
 from plinth.sched.types import SchedConfig
 
 FOREVER_S = 3600.0  # a duration that only a stop ends
@@ -272,61 +272,62 @@ class LocalHarness(Harness):
 
 class SimHarness(Harness):
     """The simulated runtime in virtual time, on one node of 4 A100s (as LocalHarness's fake
-    ones). Each launch's scenario becomes its behaviour; `advance` steps the virtual clock to
-    each event's instant, so `seen_at` is exact and timing holds to the float."""
+    ones), through the runtime protocol as the local harness drives its runtime. Each launch's
+    scenario becomes its behaviour; `advance` moves the virtual clock to each event's instant,
+    so `seen_at` is exact and timing holds to the float. Its STARTED reports (the "progress"
+    capability, which the others lack) are checked at each launch and kept out of the
+    shared checks."""
 
     name = "sim"
     early_s = late_s = 1e-9
 
     def __init__(self, tmp: Path) -> None:
         super().__init__()
+        self.dir = tmp
         self.cluster = Cluster((Node("sim-0", 64_000, 256_000, "A100", 4),), name="contract")
         self.jobs: dict[int, Job] = {}
         self.scripts: dict[tuple[int, int], SimBehaviour] = {}
         self.envs: dict[tuple[int, int], dict[int, dict[str, str]]] = {}
-        self.ck_root = tmp / "ck"
-        self.t = 0.0
+        self.starts: list[RuntimeEvent] = []
+        self.clock = VirtualClock()
         # A scenario acts out its script from the launch: no restore time before it.
-        self.rt = SimRuntime(self.cluster, SchedConfig(restore_overhead=0.0), self.jobs,
-                             behaviour=lambda job, attempt: self.scripts[(job.id, attempt)],
-                             checkpoint_root=str(self.ck_root))
-        self._queue: list[RuntimeEvent] = []
+        work = SchedConfig(restore_overhead=0.0).work_model(self.cluster)
+        self.rt = SimRuntime(self.cluster, work, self.jobs, clock=self.clock,
+                             behaviour=lambda job, attempt: self.scripts[(job.id, attempt)])
 
     def launch(self, scenario: Scenario, *, workers: int = 1, gpus_per_worker: int = 0,
                job_id: int | None = None, attempt: int = 1) -> Handle:
         job_id = next(_JOB_IDS) if job_id is None else job_id
         g = gpus_per_worker
-        alloc = Allocation(tuple(WorkerSlot(0, tuple(range(r * g, (r + 1) * g)))
-                                 for r in range(workers)))
+        node = self.cluster.nodes[0].name
+        ws = tuple(WorkerLaunch(r, node, gpus=tuple(range(r * g, (r + 1) * g)))
+                   for r in range(workers))
         # At fixed speed, so that its work takes `duration_s`; each rank exits on its script.
-        self.jobs[job_id] = Job(job_id, self.t, scenario.duration_s,
+        self.jobs[job_id] = Job(job_id, self.now(), scenario.duration_s,
                                 Request(gpus=g, workers=workers), job_type=FIXED_SPEED)
         self.scripts[(job_id, attempt)] = sim_behaviour(scenario, workers)
-        model = self.cluster.nodes[0].gpu_model if g else None
-        started = self.rt.execute([Launch(job_id, attempt, alloc, "contract test", model)],
-                                  self.t)
-        # A real runtime's launch returning is the start: Started has no RuntimeEvent.
-        assert [(type(e), e.at) for e in started] == [(Started, self.t)], started
-        self.envs[(job_id, attempt)] = self.rt.worker_env(job_id, attempt)
-        h = Handle(job_id, attempt, (), self.checkpoint_dir_of(job_id))
+        h = self.rt.launch(LaunchSpec(job_id, attempt, (), ws, str(self.dir / f"job{job_id}.log"),
+                                      checkpoint_dir=self.checkpoint_dir_of(job_id)))
         self.launched.append(h)
+        self.events()
+        assert [(e.job_id, e.attempt, e.at) for e in self.starts[-1:]] == \
+            [(job_id, attempt, self.now())], self.starts
+        self.envs[(job_id, attempt)] = self.rt.worker_env(job_id, attempt)
         return h
 
     def stop(self, handle: Handle, grace_s: float) -> None:
-        stop = Stop(handle.job_id, handle.attempt, StopReason.CANCEL, "contract test")
-        self._take(self.rt.execute([stop], self.t, grace_s=grace_s))
+        self.rt.stop(handle.job_id, handle.attempt, grace_s)
 
     def advance(self, seconds: float) -> None:
         self.events()  # what came before this instant (a stop's, an adoption's) is of it
-        end = self.t + seconds
+        end = self.now() + seconds
         while (t := self.rt.next_time()) is not None and t <= end:
-            self.t = max(self.t, t)
-            self._take(self.rt.advance(self.t))
+            self.clock.to(max(self.now(), t))
             self.events()  # stamped with the instant they happened
-        self.t = end
+        self.clock.to(end)
 
     def now(self) -> float:
-        return self.t
+        return self.clock()
 
     def worker_env(self, handle: Handle, rank: int) -> dict[str, str]:
         return self.envs[key(handle)][rank]
@@ -335,29 +336,22 @@ class SimHarness(Harness):
         return self.checkpoint_dir_of(handle.job_id)
 
     def checkpoint_dir_of(self, job_id: int) -> str:
-        return str(self.ck_root / str(job_id))
+        return str(self.dir / f"ck{job_id}")
 
     def restart(self, down_s: float = 0.0, *, recorded: bool = True) -> None:
-        # The simulated runtime adopts by job and attempt: a handle is never needed.
-        self.events()  # what the old runtime delivered before it went down
+        self.rt.close()
+        self.events()  # what the old runtime queued before it went down
         self.rt = self.rt.restart()
-        self.t += down_s  # the processes run on; no runtime watches them
-        ended = {key(e) for e in self._seen if e.kind in TERMINAL}
-        for h in self.launched:
-            if key(h) not in ended:
-                again = Handle.from_dict(json.loads(json.dumps(h.to_dict())))
-                running, evs = self.rt.adopt(again.job_id, again.attempt, self.t)
-                assert running == (not any(type(e) in (Exited, Lost) for e in evs)), evs
-                self._take(evs)
+        self.clock.to(self.now() + down_s)  # the processes run on; no runtime watches them
+        self._adopt_all(recorded)
 
     def close(self) -> None:
         self.rt.procs.clear()  # nothing is held outside this object
 
-    def _take(self, events: list[Event]) -> None:
-        self._queue += [r for r in map(runtime_event, events) if r is not None]
-
     def _poll(self) -> list[RuntimeEvent]:
-        out, self._queue = self._queue, []
+        out = []
+        for e in self.rt.poll():
+            (self.starts if e.kind is EventKind.STARTED else out).append(e)
         return out
 
 
@@ -371,21 +365,6 @@ def sim_behaviour(scenario: Scenario, workers: int) -> SimBehaviour:
 
     ranks = {r: one(scenario.for_rank(r)) for r in range(workers) if r in scenario.ranks}
     return dataclasses.replace(one(scenario), ranks=ranks)
-
-
-def runtime_event(ev: Event) -> RuntimeEvent | None:
-    """What a runtime reports for an owner event (the control plane's `_runtime_events` turns
-    it back); None for Started, which a runtime reports by returning from launch."""
-    if type(ev) is Exited:
-        return RuntimeEvent(ev.job_id, ev.attempt, EventKind.EXITED, ev.exit_code, ev.message)
-    if type(ev) is Lost:
-        return RuntimeEvent(ev.job_id, ev.attempt, EventKind.LOST, None, ev.message)
-    if type(ev) is CheckpointSaved:
-        return RuntimeEvent(ev.job_id, ev.attempt, EventKind.CHECKPOINTED,
-                            message=f"checkpoint at step {ev.step}", step=ev.step, at=ev.at)
-    if type(ev) is Started:
-        return None
-    raise AssertionError(f"the simulated runtime reported {ev!r}")
 
 
 class RayHarness(LocalHarness):

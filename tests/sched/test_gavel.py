@@ -9,14 +9,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from plinth.core.clock import VirtualClock
 from plinth.core.errors import SpecError
+from plinth.core.lifecycle import State
 from plinth.core.resources import Allocation, Cluster, Node, Request, WorkerSlot
+from plinth.core.runtime import LaunchSpec, worker_launches
 from plinth.core.spec import load_cluster
 from plinth.core.workload import Job
 from plinth.runtime.sim import SimRuntime
+from plinth.sched import driver as one
 from plinth.sched import lp
 from plinth.sched import owner as o
-from plinth.core.lifecycle import State
 from plinth.sched.lp import equal_share_throughput, feasible_mask, max_min_fairness
 from plinth.sched.policies import make_policy
 from plinth.sched.policies.gavel import Gavel
@@ -120,15 +123,22 @@ def make_cluster(v100: int = 1, k80: int = 1, gpus: int = 1) -> Cluster:
 
 
 class Driver:
-    """The owner (`plinth.sched.owner`) and the simulated runtime, stepped at chosen times:
-    each step delivers the jobs submitted by then and runs one pass. The owner applies the
-    decisions (and checks its invariants: validate) exactly as the simulator and the control
-    plane do; this also counts the passes each job spent on each model."""
+    """The owner (`plinth.sched.owner`) and the simulated runtime, stepped at chosen times by
+    the one driver (`plinth.sched.driver`): each step delivers the jobs submitted by then and
+    runs one pass. The owner applies the decisions (and checks its invariants: validate)
+    exactly as the simulator and the control plane do; this also counts the passes each job
+    spent on each model."""
 
     def __init__(self, cluster: Cluster, jobs: list[Job], policy, cfg=CFG):
         self.cluster, self.policy = cluster, policy
         self.owner = o.Owner(cluster, policy, cfg, validate=True, on_pass=self._seen)
-        self.runtime = SimRuntime(cluster, cfg, {j.id: j for j in jobs})
+        self.clock = VirtualClock()
+        byid = {j.id: j for j in jobs}
+        self.runtime = SimRuntime(cluster, cfg.work_model(cluster), byid, clock=self.clock)
+        self.driver = one.Driver(self.owner, self.runtime, clock=self.clock, grace_s=10.0,
+                        launch_spec=lambda ins: LaunchSpec(ins.job_id, ins.attempt, (), (
+                            worker_launches(cluster, ins.allocation, byid[ins.job_id].request)),
+                            ""))
         self.arrivals = sorted(jobs, key=lambda j: j.submit_time)
         self.on: dict[tuple[int, str], int] = {}  # (job, model) -> passes spent running there
         self._last: Decisions | None = None
@@ -155,9 +165,8 @@ class Driver:
             events.append(o.Submitted(self.arrivals.pop(0)))
         self._last = None
         self.owner.request_pass()
-        out = self.owner.handle(events, now)
-        while out.instructions:
-            out = self.owner.handle(self.runtime.execute(out.instructions, now), now)
+        self.clock.to(now)
+        self.driver.turn(events, now)
         for js in self.owner.running.values():
             self.on[(js.id, js.model)] = self.on.get((js.id, js.model), 0) + 1
         assert self._last is not None

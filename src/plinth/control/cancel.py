@@ -12,8 +12,8 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from plinth.control.store import Transition
-from plinth.sched import owner as o
 from plinth.core.lifecycle import State
+from plinth.sched import owner as o
 
 if TYPE_CHECKING:
     from plinth.control.service import ControlPlane
@@ -38,7 +38,7 @@ def cancel_jobs(cp: ControlPlane, job_ids: Iterable[int]
         gone = set(held)
         rest = [j for j in ids if j not in gone]
         out = cp.owner.handle([*events, *(o.Cancelled(j) for j in rest)], now, schedule=False)
-        cp._carry_out(out, now)
+        cp.driver.carry_out(out, now)
         states = dict.fromkeys(held, State.CANCELLED.value)
         refused = {r.event.job_id: r for r in out.rejected
                    if type(r.event) is o.Cancelled and r.event.job_id in rest}

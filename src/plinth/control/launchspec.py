@@ -10,8 +10,8 @@ import time
 from typing import TYPE_CHECKING
 
 from plinth.control import users
+from plinth.core.runtime import LaunchSpec, worker_launches
 from plinth.runtime import report
-from plinth.runtime.base import LaunchSpec, worker_launches
 from plinth.sched import owner as o
 
 if TYPE_CHECKING:

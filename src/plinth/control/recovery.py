@@ -19,7 +19,7 @@ from plinth.core.jobspec import JobSpec
 from plinth.control.store import Event
 from plinth.core.resources import Allocation
 from plinth.core.spec import TRUSTED, validation_message
-from plinth.runtime.base import Handle
+from plinth.core.runtime import Handle
 from plinth.core.lifecycle import State, StopReason
 from plinth.sched.types import JobState
 

@@ -1,16 +1,20 @@
-"""The control plane: the store, the API, the wall clock and a runtime, around the one owner.
+"""The control plane: the store, the API, a clock and a runtime, around the one owner.
 
 All scheduling state lives in `plinth.sched.owner.Owner`, the same object the simulator drives
-in virtual time: it takes events (submitted, cancelled, exited, lost, checkpoint saved) and the
-time, calls the policy, applies its decisions through the lifecycle's transition table, and
-returns instructions (launch, stop, checkpoint-then-stop). This shell only does the input and
-output around it: it writes every transition to the store before it carries out any instruction
-(so a control plane killed at any point restarts with nothing lost: `recover`), launches and
-stops processes through the runtime, and feeds the runtime's reports back as events.
+in virtual time, and the same driver turns it (`plinth.sched.driver.Driver`): it takes events
+(submitted, cancelled, exited, lost, checkpoint saved) and the time, calls the policy, applies
+its decisions through the lifecycle's transition table, and carries out the instructions
+(launch, stop, checkpoint-then-stop) through the runtime. This shell only does the input and
+output around it: it writes every transition to the store before any instruction is carried
+out (so a control plane killed at any point restarts with nothing lost: `recover`), builds each
+launch's LaunchSpec, and takes submissions from the API.
 
 Threads: API handlers call `submit` and `cancel`; one loop thread handles runtime events,
 timers and scheduling passes. They share `_lock`. The loop wakes on a submit, on a runtime
-event and at the owner's next timer (a time limit, a lease ending), and otherwise sleeps.
+event and at the next time the driver names (a time limit, a lease ending), and otherwise
+sleeps. Without the loop thread (`start` not called), a caller may turn it by hand on a virtual
+clock: `step` whenever `next_step_at` is due (tests/control/virtual.py does, with the simulated
+runtime).
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
@@ -31,22 +35,16 @@ from plinth.control.holds import Holds
 from plinth.control.launchspec import launch_spec
 from plinth.control.metrics import ControlMetrics
 from plinth.control.recovery import Recovery, recover
-from plinth.core.jobspec import JobSpec, parse_array
 from plinth.control.store import Event, GroupCommit, Store, Transition
 from plinth.control.workloads import Workloads
 from plinth.core.errors import PlinthError, SpecError, UnplaceableError
-from plinth.core.resources import Cluster, Request, TenantQuota
-from plinth.core.workload import Job
-from plinth.runtime.base import (
-    EventKind,
-    Handle,
-    LaunchSpec,
-    Runtime,
-    RuntimeEvent,
-)
-from plinth.runtime.batch import Launcher, launch_error
-from plinth.sched import owner as o
+from plinth.core.jobspec import JobSpec, parse_array
 from plinth.core.lifecycle import State
+from plinth.core.resources import Cluster, Request, TenantQuota
+from plinth.core.runtime import EventKind, Handle, Runtime
+from plinth.core.workload import Job
+from plinth.sched import owner as o
+from plinth.sched.driver import Driver, Pacer
 from plinth.sched.placement import never_fits
 from plinth.sched.policies import make_policy
 from plinth.sched.policies.base import Policy
@@ -56,15 +54,10 @@ from plinth.sched.types import SchedConfig
 log = logging.getLogger("plinth.control")
 T = TypeVar("T")
 
-# Passes are spaced by at least this, or by nine times as long as the last pass took, so that
-# under a burst of submissions the scheduler takes at most a tenth of the process's time and each
-# pass sees a batch of new jobs (Slurm's sched_min_interval plays the same role). An idle
-# cluster is not delayed: the first pass after a quiet spell runs at once.
-MIN_PASS_INTERVAL_S = 0.005
 # How often the runtime's nodes are read again, to follow nodes that leave and come back.
 NODE_CHECK_S = 2.0
-# At most this many launches of one batch at once, on a runtime that takes them concurrently.
-LAUNCH_THREADS = 8
+# With nothing else to wake it, the loop still steps this often (a safety net).
+IDLE_STEP_S = 1.0
 
 
 def policy_options(policy: str, quotas: tuple[TenantQuota, ...] | None) -> dict:
@@ -78,11 +71,13 @@ class ControlPlane:
     def __init__(self, store: Store, runtime: Runtime, *, home: Path, policy: str = "drf",
                  config: SchedConfig | None = None, grace_s: float = 10.0,
                  clock: Callable[[], float] = time.time, jobs_dir: Path | None = None,
-                 kinds: dict[str, dict] | None = None) -> None:
+                 kinds: dict[str, dict] | None = None, paced: bool = True) -> None:
         """`jobs_dir`: run each tenant's jobs as its own Unix user, with their checkpoints under
         it (needs root; see plinth.control.users). None: every job runs as this process's
         user, with checkpoints under `home`. `kinds`: per workload kind, the options of its
-        controller (`Service`: the router's port, the autoscaling policy...)."""
+        controller (`Service`: the router's port, the autoscaling policy...). `paced`: passes
+        spaced on the wall clock (plinth.sched.driver.Pacer); off on a virtual clock, where a
+        pass takes no time."""
         self.store, self.runtime, self.home = store, runtime, Path(home)
         self.policy_name, self.grace_s, self.clock = policy, grace_s, clock
         self.jobs_dir = jobs_dir
@@ -99,18 +94,18 @@ class ControlPlane:
         self.specs: dict[int, JobSpec] = {}  # active jobs' specs
         self.handles: dict[int, Handle] = {}
         self.recovery = Recovery()
-        self._ended_at: dict[int, float] = {}  # jobs that ended while the control plane was down
         self._incoming: deque[tuple[Job, JobSpec]] = deque()  # submitted, not yet seen
         self.holds = Holds()  # submitted, kept from the owner: dependencies, array throttles
         self.writer = GroupCommit(store)
-        self._next_pass = 0.0  # monotonic time before which no pass starts
-        self._deferred: float | None = None  # a pass put off until then (spacing)
         self._nodes_due = time.monotonic() + NODE_CHECK_S  # the next look at runtime.nodes()
         self._joined: set[str] = set()  # new nodes, told once
-        self.launcher = Launcher(runtime, LAUNCH_THREADS)
         policy_obj = self._rebuild()
         self.owner = o.Owner(self.cluster, policy_obj, self.config, keep_finished=False)
         self.metrics = ControlMetrics(self)  # /metrics; read at scrape time
+        self.driver = Driver(self.owner, runtime, clock=clock,
+                             launch_spec=lambda ins: launch_spec(self, ins), grace_s=grace_s,
+                             record=self._record, launched=self._launched,
+                             on_pass=self.metrics.scheduled, pacer=Pacer() if paced else None)
         kinds = {k: dict(v) for k, v in (kinds or {}).items()}
         kinds.setdefault("Service", {}).setdefault(
             "capacity_cpus", sum(n.cpus_milli for n in self.nodes) / 1000)
@@ -189,7 +184,7 @@ class ControlPlane:
             self._thread.join(timeout=10)
         self.writer.close()
         self.workloads.close()
-        self.launcher.close()
+        self.driver.close()
         self.runtime.close()
 
     def recover(self) -> None:
@@ -367,9 +362,9 @@ class ControlPlane:
     def _loop(self) -> None:
         while not self._stopping.is_set():
             with self._lock:
-                timeout = self._sleep_for()
-            self._wake.wait(timeout)
-            self._wake.clear()
+                due = self.next_step_at()
+                timeout = max(0.0, due - self.clock()) if due is not None else IDLE_STEP_S
+            self._wake.wait(min(timeout, IDLE_STEP_S))  # runtime events wake it too
             if self._stopping.is_set():
                 break
             try:
@@ -377,18 +372,19 @@ class ControlPlane:
             except Exception:
                 log.exception("control loop step failed")
 
-    def _sleep_for(self) -> float:
-        now = self.clock()
-        t = now + 1.0  # runtime events also wake the loop; this is a safety net
-        for timer in (self.owner.next_timer(), self._deferred):
-            if timer is not None:
-                t = min(t, timer)
-        return max(0.0, t - now)
+    def next_step_at(self) -> float | None:
+        """When `step` is next due: now if something waits (a submission, a runtime report,
+        held jobs to look at again), else the driver's next time (a timer, a pass put off, a
+        virtual runtime's next event); None: not until something comes."""
+        if self._wake.is_set():
+            return self.clock()
+        return self.driver.next_time()
 
     def step(self) -> None:
         """One turn of the loop: runtime events and submissions in, a pass if one is needed
-        and due, the owner's output carried out."""
+        and due, the owner's output carried out (see plinth.sched.driver)."""
         with self._lock:
+            self._wake.clear()  # what comes from here on wakes the next step
             now = self.clock()
             reports = self.runtime.poll()
             # A lost attempt may be the first sign of a node that left: look at once, so that
@@ -398,21 +394,7 @@ class ControlPlane:
                     time.monotonic() >= self._nodes_due
                     or any(r.kind is EventKind.LOST for r in reports)):
                 self._follow_nodes()
-            events = [*self._runtime_events(reports), *self._take_incoming()]
-            owner = self.owner
-            out = owner.handle(events, now, schedule=False)
-            if owner.pass_needed(now):
-                wait = self._next_pass - time.monotonic()
-                if wait > 0:  # too soon after the last pass: come back when it is time
-                    self._carry_out(out, now)
-                    self._deferred = now + wait
-                    return
-                self._deferred = None
-                self._carry_out(out, now)
-                out = owner.handle([], now)
-                self._next_pass = time.monotonic() + max(MIN_PASS_INTERVAL_S, 9 * out.policy_s)
-                self.metrics.scheduled(out)
-            self._carry_out(out, now)
+            self.driver.turn([*self.driver.events(reports, now), *self._take_incoming()], now)
             self.workloads.tick(now)
             if self.holds.dirty and self.holds.jobs:  # a job ended or started: look again
                 self._wake.set()
@@ -441,48 +423,21 @@ class ControlPlane:
                         "restarts", name)
         self.owner.set_down(down)
 
-    def _runtime_events(self, reports: Iterable[RuntimeEvent]) -> list[o.Event]:
-        events: list[o.Event] = []
-        for ev in reports:
-            if ev.kind is EventKind.EXITED:
-                if ev.at is not None:  # it ended while the control plane was down
-                    self._ended_at[ev.job_id] = ev.at
-                events.append(o.Exited(ev.job_id, ev.attempt, ev.exit_code or 0, ev.message))
-            elif ev.kind is EventKind.LOST:
-                events.append(o.Lost(ev.job_id, ev.attempt, ev.message or "processes vanished"))
-            elif ev.kind is EventKind.CHECKPOINTED:
-                events.append(o.CheckpointSaved(ev.job_id, ev.attempt,
-                                                ev.at if ev.at is not None else self.clock(),
-                                                ev.step))
-        return events
+    # --- recording the owner's output ---------------------------------------------------------
 
-    # --- carrying out the owner's output ------------------------------------------------------
-
-    def _carry_out(self, out: o.Output, now: float) -> None:
-        """Store every transition, then carry out the instructions; a launch that fails goes
-        back to the owner as an event, and so on until nothing is left to do."""
-        while True:
-            moves: list[Transition] = []  # written together: one transaction, not one each
-            for t in out.transitions:
-                self._store(t, moves)
-            self.store.transitions(moves)
-            for js in out.checkpoints:
-                self.store.update_job(js.id, checkpoint_step=js.checkpoint_step,
-                                      checkpoint_time=js.checkpoint_time)
-            for r in out.rejected:
-                if not isinstance(r.event, o.Cancelled):
-                    log.warning("%s", r.message)
-            launches = []
-            for ins in out.instructions:
-                if type(ins) is o.Launch:
-                    launches.append(ins)
-                else:
-                    self.runtime.stop(ins.job_id, ins.attempt, self.grace_s)
-            if not launches:
-                return
-            feedback = [self._launched(ins, r, now)
-                        for ins, r in zip(launches, self._launch_all(launches), strict=True)]
-            out = self.owner.handle(feedback, now, schedule=False)
+    def _record(self, out: o.Output) -> None:
+        """Store every transition of `out` (before the driver carries out its instructions),
+        and the checkpoints it saw."""
+        moves: list[Transition] = []  # written together: one transaction, not one each
+        for t in out.transitions:
+            self._store(t, moves)
+        self.store.transitions(moves)
+        for js in out.checkpoints:
+            self.store.update_job(js.id, checkpoint_step=js.checkpoint_step,
+                                  checkpoint_time=js.checkpoint_time)
+        for r in out.rejected:
+            if not isinstance(r.event, o.Cancelled):
+                log.warning("%s", r.message)
 
     def _store(self, t: o.Transition, moves: list[Transition]) -> None:
         """Record `t`: a move between states joins `moves` (the caller writes them); a change
@@ -498,7 +453,7 @@ class ControlPlane:
         if t.new.terminal:
             self.holds.ended(t.job_id, self.specs.pop(t.job_id, None))
             self.workloads.job_ended(t.job_id, t.new)
-            ended = self._ended_at.pop(t.job_id, None)
+            ended = self.driver.ended_at.pop(t.job_id, None)
             if ended is not None and "end_time" in fields:
                 at = fields["end_time"] = min(ended, t.at)
         elif t.old is not t.new and self.holds.waiters:  # jobs waiting on it look again
@@ -515,26 +470,10 @@ class ControlPlane:
         else:
             moves.append(Transition(t.job_id, t.old, t.new, at, t.kind, t.message, fields))
 
-    def _launch_all(self, launches: list[o.Launch]) -> list[Handle | str]:
-        """Each launch's handle, or why it failed (see plinth.runtime.batch)."""
-        specs = [self._spec_or_error(ins) for ins in launches]
-        done = iter(self.launcher.launch([s for s in specs if isinstance(s, LaunchSpec)]))
-        return [next(done) if isinstance(s, LaunchSpec) else s for s in specs]
-
-    def _spec_or_error(self, ins: o.Launch) -> LaunchSpec | str:
-        try:
-            return launch_spec(self, ins)
-        except Exception as e:  # noqa: BLE001 -- this job's alone: it becomes launch-failed
-            return launch_error(ins.job_id, e)
-
-    def _launched(self, ins: o.Launch, result: Handle | str, now: float) -> o.Event:
-        # A failed launch is this job's alone: it becomes launch-failed and releases what it
-        # held, and the loop goes on with the others.
-        if isinstance(result, str):
-            return o.LaunchFailed(ins.job_id, ins.attempt, result)
-        self.handles[ins.job_id] = result
-        self.store.update_job(ins.job_id, handle=result.to_dict())
-        return o.Started(ins.job_id, ins.attempt, now)
+    def _launched(self, ins: o.Launch, handle: Handle) -> None:
+        """A launch worked: its handle is stored, for `recover` to adopt it after a restart."""
+        self.handles[ins.job_id] = handle
+        self.store.update_job(ins.job_id, handle=handle.to_dict())
 
     def tenant_root(self, tenant: str, user: users.UnixUser | None) -> Path:
         """Where a tenant's jobs keep their state: under $PLINTH_HOME, or as root in the

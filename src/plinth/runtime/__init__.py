@@ -1,8 +1,9 @@
-"""Runtimes carry out the scheduler's decisions: `base` is the protocol, `local` runs jobs as
-processes on this machine (with `gpu` for NVML and MPS, `limits` for CPU and memory limits, and
-`shim` as the process that wraps each worker)."""
+"""Runtimes carry out the scheduler's decisions, each implementing the protocol of
+plinth.core.runtime (re-exported here): `local` runs jobs as processes on this machine (with
+`gpu` for NVML and MPS, `limits` for CPU and memory limits, and `shim` as the process that wraps
+each worker), `ray` on a Ray cluster, `sim` in virtual time."""
 
-from plinth.runtime.base import (
+from plinth.core.runtime import (
     EventKind,
     Handle,
     LaunchSpec,

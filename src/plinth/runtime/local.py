@@ -44,7 +44,7 @@ import psutil
 from plinth.core.errors import PlinthError
 from plinth.core.net import free_port
 from plinth.core.resources import MILLI, Node
-from plinth.runtime.base import (
+from plinth.core.runtime import (
     EventKind,
     Handle,
     LaunchSpec,
@@ -123,7 +123,7 @@ class _LocalNode:
 
 
 class LocalRuntime(EventQueue):
-    """Runs jobs as processes on this machine; see plinth.runtime.base.Runtime for the contract."""
+    """Runs jobs as processes on this machine; see plinth.core.runtime.Runtime for the contract."""
 
     # A stop is SIGTERM (the job SDK's should_stop: save, then exit) and every attempt may
     # start on any of this machine's GPUs.
@@ -240,7 +240,9 @@ class LocalRuntime(EventQueue):
         path.unlink(missing_ok=True)
         return None
 
-    def stop(self, job_id: int, attempt: int, grace_s: float) -> None:
+    def stop(self, job_id: int, attempt: int, grace_s: float, *, checkpoint: bool = False
+             ) -> None:
+        # A real job saves on every SIGTERM it can (plinth.job): `checkpoint` changes nothing.
         with self._lock:
             att = self._attempts.get((job_id, attempt))
             if att is not None:  # an attempt that already ended has nothing left to stop

@@ -16,7 +16,7 @@ from pathlib import Path
 import psutil
 
 from plinth.runtime import shim
-from plinth.runtime.base import ProcRef
+from plinth.core.runtime import ProcRef
 
 SHIM = str(Path(shim.__file__).resolve())
 EXIT_MAX_BYTES = 64

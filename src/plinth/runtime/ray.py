@@ -5,7 +5,7 @@ The scheduler decides where; Ray only carries it out. Each attempt gets one plac
 pinned to the node the scheduler chose by Ray's `ray.io/node-id` label. Each worker is a named,
 detached actor in that bundle (`plinth-j{job}-a{attempt}-r{rank}`); the actor starts the worker
 through the same shim as the local runtime (plinth/runtime/shim.py), in its own session, with the
-gang environment of plinth.runtime.base.gang_env: MASTER_ADDR is rank 0's node. Ray reserves the
+gang environment of plinth.core.runtime.gang_env: MASTER_ADDR is rank 0's node. Ray reserves the
 GPU counts; the GPU indices the worker sees are the scheduler's, not the ones Ray would pick.
 
 One watcher thread serves the runtime. Each worker's actor has a pending `wait` call whose result
@@ -43,7 +43,7 @@ from pathlib import Path
 from plinth.core.errors import PlinthError
 from plinth.core.gpus import GPU_CATALOG
 from plinth.core.resources import MILLI, Node
-from plinth.runtime.base import EventKind, Handle, LaunchSpec, ProcRef, RuntimeEvent, gang_env
+from plinth.core.runtime import EventKind, Handle, LaunchSpec, ProcRef, RuntimeEvent, gang_env
 from plinth.runtime.gpu import catalog_model
 from plinth.runtime.ray_connect import NAMESPACE, connect_ray, disconnect_ray, one_line
 from plinth.runtime.ray_worker import WorkerActor
@@ -111,7 +111,7 @@ class _Attempt:
 
 
 class RayRuntime(EventQueue):
-    """Runs jobs on a Ray cluster; see plinth.runtime.base.Runtime for the contract."""
+    """Runs jobs on a Ray cluster; see plinth.core.runtime.Runtime for the contract."""
 
     capabilities = frozenset({"checkpoint", "relaunch", "elastic", "concurrent-launch"})
     isolation = "ray"
@@ -211,7 +211,9 @@ class RayRuntime(EventQueue):
                       tuple(ProcRef(w.pid, w.start_time, ACTOR_REF + w.name) for w in workers),
                       spec.checkpoint_dir)
 
-    def stop(self, job_id: int, attempt: int, grace_s: float) -> None:
+    def stop(self, job_id: int, attempt: int, grace_s: float, *, checkpoint: bool = False
+             ) -> None:
+        # A real job saves on every SIGTERM it can (plinth.job): `checkpoint` changes nothing.
         with self._lock:
             att = self._attempts.get((job_id, attempt))
             if att is not None:

@@ -19,7 +19,7 @@ from typing import Any
 from plinth.core.errors import PlinthError
 from plinth.core.resources import MILLI
 from plinth.job import CHECKPOINT_MARKER
-from plinth.runtime.base import EventKind, LaunchSpec, RuntimeEvent
+from plinth.core.runtime import EventKind, LaunchSpec, RuntimeEvent
 from plinth.runtime.procs import read_small
 
 log = logging.getLogger(__name__)

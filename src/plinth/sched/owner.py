@@ -42,6 +42,7 @@ from collections.abc import Callable, Iterable
 
 from sortedcontainers import SortedKeyList
 
+from plinth.core.lifecycle import State, StopReason, check_transition
 from plinth.core.resources import Allocation, Cluster
 from plinth.core.workload import Job
 from plinth.sched.accounting import Run, account
@@ -64,17 +65,10 @@ from plinth.sched.events import (  # noqa: F401 (the owner's vocabulary, importe
     event_kind,
 )
 from plinth.sched.invariants import check_owner
-from plinth.core.lifecycle import State, StopReason, check_transition
 from plinth.sched.nodes import DownNodes
 from plinth.sched.policies.base import Policy
 from plinth.sched.state import ClusterState
-from plinth.sched.types import (  # noqa: F401 (periodic_checkpoint: imported from here too)
-    Decisions,
-    JobState,
-    SchedConfig,
-    Snapshot,
-    periodic_checkpoint,
-)
+from plinth.sched.types import Decisions, JobState, SchedConfig, Snapshot
 
 WAITING_FOR_RELEASE = "started: waiting for stopping jobs to release its resources"
 

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from plinth.core.resources import MILLI, Allocation, Cluster
-from plinth.core.throughput import DEFAULT_THROUGHPUTS, Throughputs
-from plinth.core.workload import Job
 from plinth.core.lifecycle import State
-from plinth.sched.placement import DEFAULT_PLACEMENT, PlacementConfig
+from plinth.core.progress import WorkModel
+from plinth.core.resources import MILLI, Allocation, Cluster
+from plinth.core.throughput import DEFAULT_THROUGHPUTS, FIXED_SPEED, Throughputs
+from plinth.core.workload import Job
+from plinth.sched.placement import DEFAULT_PLACEMENT, PlacementConfig, locality_factor
 from plinth.sched.state import ClusterState
 
 if TYPE_CHECKING:
@@ -80,6 +80,20 @@ class SchedConfig:
     round_s: float = 360.0  # lease length for round-based policies (Gavel, Themis)
     throughputs: Throughputs = DEFAULT_THROUGHPUTS  # job type x GPU model speeds
 
+    def work_model(self, cluster: Cluster) -> WorkModel:
+        """How the simulated runtime runs jobs on `cluster` under this config: at the
+        throughput model's speed for the job's type and GPU model, times the gang's locality
+        (no locality for fixed-speed jobs: their durations were observed as they ran, so they
+        already hold the cost of where they ran)."""
+        thr, placement = self.throughputs, self.placement
+
+        def speed(job: Job, allocation: Allocation, model: str | None) -> float:
+            jtype = thr.type_of(job)
+            return thr.speed(jtype, model) * (
+                1.0 if jtype == FIXED_SPEED else locality_factor(cluster, allocation, placement))
+
+        return WorkModel(speed, self.restore_overhead, self.checkpoint_interval)
+
 
 @dataclass(slots=True)
 class Snapshot:
@@ -135,15 +149,6 @@ class Decisions:
     def __bool__(self) -> bool:
         """True when the pass changes anything (reasons and wake-ups alone do not)."""
         return bool(self.starts or self.preempts or self.resizes)
-
-
-def periodic_checkpoint(progress: float, saved: float, every: float) -> float:
-    """The progress saved by a job that checkpoints every `every` units of work (at multiples
-    of `every`), given what it had saved before. Shared with the simulated runtime, so that the
-    owner's view and the simulated process agree exactly."""
-    if progress - saved >= every:
-        return math.floor(progress / every) * every
-    return saved
 
 
 def check_gang(js: JobState) -> None:

@@ -1,13 +1,15 @@
 """The simulator: the platform's own owner of scheduling state, in virtual time.
 
 This module is only the shell. `plinth.sched.owner.Owner` holds the job and cluster state,
-calls the policy and applies its decisions, exactly as it does inside the control plane; the
-simulator replaces only the clock (virtual time) and the runtime (`plinth.runtime.sim`, which
-"runs" a job at the throughput model's speed and reports its start, checkpoints and exit).
+calls the policy and applies its decisions, and `plinth.sched.driver.Driver` turns it and
+carries out its output, exactly as inside the control plane; the simulator replaces only the
+clock (a `VirtualClock` that jumps from one event to the next) and the runtime
+(`plinth.runtime.sim`, which "runs" a job at the throughput model's speed and reports its start,
+checkpoints and exit).
 
-At one instant, finishes are handled before arrivals and arrivals in trace order, in one call to
-the owner, so ties always break the same way and the same trace gives the same numbers. What the
-shell adds is measurement: utilisation over time, and the active-job integral behind Themis'
+At one instant, finishes are handled before arrivals and arrivals in trace order, in one turn of
+the driver, so ties always break the same way and the same trace gives the same numbers. What
+the shell adds is measurement: utilisation over time, and the active-job integral behind Themis'
 finish-time fairness.
 """
 
@@ -20,15 +22,24 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from plinth.core.clock import VirtualClock
 from plinth.core.errors import UnplaceableError
+from plinth.core.lifecycle import State
 from plinth.core.resources import MILLI, Cluster, Request
+from plinth.core.runtime import LaunchSpec, worker_launches
 from plinth.core.workload import Job
 from plinth.runtime.sim import SimRuntime
-from plinth.core.lifecycle import State
-from plinth.sched.owner import Owner, Submitted
+from plinth.runtime.sim_behaviour import Behaviour
+from plinth.sched.driver import Driver
+from plinth.sched.events import Launch, Output, Submitted
+from plinth.sched.owner import Owner
 from plinth.sched.placement import never_fits
 from plinth.sched.policies.base import Policy
 from plinth.sched.types import Decisions, JobState, SchedConfig
+
+GRACE_S = 10.0  # a stop's grace, as the control plane's default (plinth.control.server)
+WORKERS_CACHE = 65536  # launches' workers remembered (see `_launch_spec`)
+_PENDING, _RUNNING, _STOPPING = State.PENDING, State.RUNNING, State.STOPPING
 
 
 @dataclass
@@ -57,20 +68,23 @@ def simulate(
     validate: bool = False,
     reject_unfit: bool = False,
     on_progress: Callable[[int, int], None] | None = None,
+    behaviour: Behaviour | None = None,
 ) -> SimResult:
     """Replay `jobs` on `cluster` under `policy` until every job has ended.
 
     A job that cannot fit even the empty cluster raises `UnplaceableError` before anything
     runs, unless `reject_unfit`, which marks it rejected instead. `validate` checks the owner's
-    invariants after every step (for tests).
+    invariants after every step (for tests). `behaviour`: what some jobs act out besides their
+    work (see plinth.runtime.sim_behaviour; None: the default model for all).
     """
     return _Simulation(list(jobs), cluster, policy, config or SchedConfig(), validate,
-                       reject_unfit).run(on_progress)
+                       reject_unfit, behaviour).run(on_progress)
 
 
 class _Simulation:
     def __init__(self, jobs: list[Job], cluster: Cluster, policy: Policy, cfg: SchedConfig,
-                 validate: bool, reject_unfit: bool) -> None:
+                 validate: bool, reject_unfit: bool, behaviour: Behaviour | None = None
+                 ) -> None:
         if len({j.id for j in jobs}) != len(jobs):
             raise UnplaceableError("trace: job ids are not unique")
         self.cluster, self.policy = cluster, policy
@@ -79,7 +93,14 @@ class _Simulation:
         # Stable by submit time: arrivals at one instant keep their trace order.
         self.arrivals = sorted(admitted, key=lambda j: j.submit_time)
         self.owner = Owner(cluster, policy, cfg, validate=validate, on_pass=self._on_pass)
-        self.runtime = SimRuntime(cluster, cfg, {j.id: j for j in admitted})
+        self.jobs = {j.id: j for j in admitted}
+        self._workers: dict[tuple, tuple] = {}
+        self.clock = VirtualClock()
+        self.runtime = SimRuntime(cluster, cfg.work_model(cluster), self.jobs, clock=self.clock,
+                                  behaviour=behaviour)
+        self.driver = Driver(self.owner, self.runtime, clock=self.clock,
+                             launch_spec=self._launch_spec, grace_s=GRACE_S,
+                             record=self._record)
         self.first_failure: float | None = None
         # Integrals for utilisation and for finish-time fairness (active jobs over time).
         self.active = 0
@@ -110,48 +131,59 @@ class _Simulation:
 
     def run(self, on_progress: Callable[[int, int], None] | None) -> SimResult:
         began = wallclock.perf_counter()
-        owner, runtime, arrivals = self.owner, self.runtime, self.arrivals
-        total, done, i, n = len(arrivals) + len(self.rejected), 0, 0, len(arrivals)
-        used = 0
+        owner, driver, arrivals, clock = self.owner, self.driver, self.arrivals, self.clock
+        total, i, n = len(arrivals) + len(self.rejected), 0, len(arrivals)
+        used, done = 0, 0
         while True:
             t_arrival = arrivals[i].submit_time if i < n else math.inf
-            t_finish = runtime.next_time()
-            t_timer = owner.next_timer()
-            now = min(t_arrival, math.inf if t_finish is None else t_finish,
-                      math.inf if t_timer is None else t_timer)
+            t_next = driver.next_time()
+            now = min(t_arrival, math.inf if t_next is None else t_next)
             if math.isinf(now):
                 if owner.pending and self._last_chance(self.t_last):
                     continue
                 break
+            clock.to(now)
             self._advance(now)
-            events: list = runtime.advance(now)  # finishes first, then arrivals
-            for ev in events:
-                self._finished(owner.jobs[ev.job_id], now)
-            done += len(events)
+            events = driver.poll(now)  # finishes first, then arrivals
             while i < n and arrivals[i].submit_time == now:
                 events.append(Submitted(arrivals[i]))
                 self.active += 1
                 self.active_at_submit[arrivals[i].id] = self.active_integral
                 i += 1
-            out = owner.handle(events, now)
-            while out.instructions:
-                out = owner.handle(runtime.execute(out.instructions, now), now)
+            driver.turn(events, now)
             if owner.state.used_milli != used:
                 used = owner.state.used_milli
                 self.util_t.append(now)
                 self.util_v.append(used / MILLI)
-            if on_progress is not None and events and done and done % 1000 == 0:
-                on_progress(done, total)
+            if on_progress is not None and len(self.ftf) // 1000 > done:
+                done = len(self.ftf) // 1000
+                on_progress(len(self.ftf), total)
         return self._result(wallclock.perf_counter() - began)
+
+    def _launch_spec(self, ins: Launch) -> LaunchSpec:
+        """What the simulated runtime needs of a launch: the job's workers."""
+        req = self.jobs[ins.job_id].request
+        key = (ins.allocation, req)
+        workers = self._workers.get(key)
+        if workers is None:  # a replay launches on the same few allocations again and again
+            if len(self._workers) >= WORKERS_CACHE:
+                self._workers.clear()
+            workers = self._workers[key] = worker_launches(self.cluster, ins.allocation, req)
+        return LaunchSpec(ins.job_id, ins.attempt, (), workers, log_path="")
+
+    def _record(self, out: Output) -> None:
+        """A job that reached its end: its finish-time fairness, at the instant it ended."""
+        for t in out.transitions:  # hot: identity tests, not State.terminal
+            new = t.new
+            if new is not _RUNNING and new is not _PENDING and new is not _STOPPING:
+                self._finished(self.owner.jobs[t.job_id], t.at)
 
     def _last_chance(self, now: float) -> bool:
         """Nothing left to happen but jobs still wait: one more pass, else the policy is stuck."""
         owner = self.owner
         owner.request_pass()
-        out = owner.handle([], now)
-        while out.instructions:
-            out = owner.handle(self.runtime.execute(out.instructions, now), now)
-        if self.runtime.next_time() is None and owner.next_timer() is None:
+        self.driver.turn([], now)
+        if self.driver.next_time() is None:
             ids = [js.id for js in owner.pending[:5]]
             raise RuntimeError(f"policy {self.policy.name} left {len(owner.pending)} jobs "
                                f"pending with nothing running (first: {ids})")

@@ -1,9 +1,13 @@
-"""The runtime protocol: what the control plane asks of whatever carries out its decisions.
+"""The runtime protocol: what a shell (the control plane, the simulator) asks of whatever
+carries out the scheduler's decisions, and what it hears back.
 
 A runtime launches a job's workers on an allocation, stops them with a grace period, reports what
 happened to them as events, and re-adopts the workers of a previous control plane after a crash.
-The local runtime (processes on this machine), and later the Ray and simulated runtimes, all
-implement it and pass the same contract tests.
+The local runtime (processes on this machine), the Ray runtime and the simulated one (virtual
+time, `plinth.runtime.sim`) all implement it and pass the same contract tests
+(tests/runtime/test_contract.py). It lives in `core`, below both `sched` and `runtime`, so that
+the one driver of the owner (`plinth.sched.driver`) can speak to any runtime without importing
+one.
 """
 
 from __future__ import annotations
@@ -85,6 +89,11 @@ class Handle:
 
 
 class EventKind(enum.Enum):
+    # The attempt's work began at `at`, at `rate` units of work per second, saving every
+    # `checkpoint_every` units (0: it reports its saves): a runtime that models progress says
+    # so ("progress" in its capabilities: the simulated one). For any other, an attempt has
+    # started when `launch` returns, at rate 1.
+    STARTED = "started"
     EXITED = "exited"  # every worker has exited; exit_code is the first non-zero code, else 0
     LOST = "lost"  # the workers vanished without leaving an exit code
     CHECKPOINTED = "checkpointed"  # the job saved a checkpoint: `step`, written at `at`
@@ -98,9 +107,11 @@ class RuntimeEvent:
     exit_code: int | None = None
     message: str = ""
     step: int | None = None  # CHECKPOINTED: the step the job saved
-    # CHECKPOINTED: when it was written (the runtime's clock); EXITED of an attempt that ended
-    # while no runtime watched it: when it ended.
+    # STARTED: when its work begins; CHECKPOINTED: when it was written (the runtime's clock);
+    # EXITED of an attempt that ended while no runtime watched it: when it ended.
     at: float | None = None
+    rate: float = 1.0  # STARTED: units of work per second
+    checkpoint_every: float = 0.0  # STARTED: the save cadence in units of work (0: reported)
 
 
 class Runtime(Protocol):
@@ -110,7 +121,8 @@ class Runtime(Protocol):
     job save first; "relaunch": a job's next attempt may start on other GPUs; "elastic": its
     nodes may leave and come back, so `nodes()` is read again while it runs; "concurrent-launch":
     `launch` may be called from several threads at once, and is worth it because each call
-    waits on a cluster); a policy that needs more is refused at start-up."""
+    waits on a cluster; "progress": it reports each attempt's STARTED, with the speed it runs
+    at); a policy that needs more is refused at start-up."""
 
     capabilities: frozenset[str]
 
@@ -122,9 +134,12 @@ class Runtime(Protocol):
         """Start every worker of `spec`, or none (raise, leaving nothing running)."""
         ...
 
-    def stop(self, job_id: int, attempt: int, grace_s: float) -> None:
+    def stop(self, job_id: int, attempt: int, grace_s: float, *, checkpoint: bool = False
+             ) -> None:
         """SIGTERM every worker, SIGKILL those still alive after `grace_s`. Returns at once;
-        the end is reported as an EXITED event."""
+        the end is reported as an EXITED event. `checkpoint`: the scheduler wants the job to
+        save as it stops (a lease ending, a move). A real job saves on every SIGTERM it can,
+        so only the simulated runtime, whose jobs save at their cadence otherwise, reads it."""
         ...
 
     def adopt(self, handle: Handle) -> bool:
@@ -145,6 +160,16 @@ class Runtime(Protocol):
     def close(self) -> None:
         """Stop watching and release runtime resources (MPS daemons). Running jobs are left
         running, so that a restarted control plane can adopt them."""
+        ...
+
+
+class VirtualRuntime(Runtime, Protocol):
+    """A runtime on a virtual clock (the simulated one): nothing happens between the times it
+    names, so the clock may jump to the next one."""
+
+    def next_time(self) -> float | None:
+        """When the next event of a watched attempt is due; None if none will come unless
+        asked (a launch, a stop)."""
         ...
 
 
