@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from plinth.core.kinds import Capacity, LocalContext, Observed, Workload, reconcile
+from plinth.core.kinds import (Capacity, LocalContext, Observed, Workload, WorkloadState,
+                               reconcile)
 from plinth.core.errors import SpecError
 from plinth.core.lifecycle import State
 from plinth.tune.controller import TuneController
@@ -109,7 +110,7 @@ def test_servers_go_when_their_share_is_done_and_the_tracker_last():
     observed["client-share-2-1"] = Observed("client-share-2-1", 99, State.RUNNING)
     _end(w, observed, "client-share-2-1", State.FAILED)  # twice: it has given up
     assert ctl.units(w, observed, 3.0) == []
-    assert ctl.finished(w, observed) == "failed"
+    assert ctl.finished(w, observed) is WorkloadState.FAILED
 
 
 def test_a_dead_server_is_replaced_while_its_share_tunes():

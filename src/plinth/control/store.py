@@ -27,6 +27,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from plinth.core.errors import PlinthError, SpecError
+from plinth.core.kinds import WorkloadState
 from plinth.core.lifecycle import TERMINAL, State, check_transition
 
 metadata = sa.MetaData()
@@ -315,7 +316,7 @@ class Store:
 
     def insert_workload(self, row: Mapping[str, Any], now: float) -> int:
         with self._write, self.engine.begin() as c:
-            return int(c.execute(workloads.insert().values(**row, state="active",
+            return int(c.execute(workloads.insert().values(**row, state=WorkloadState.ACTIVE.value,
                                                            submit_time=now)
                                  ).inserted_primary_key[0])
 
@@ -335,8 +336,8 @@ class Store:
         if tenant is not None:
             q = q.where(workloads.c.tenant == tenant)
         if active is not None:
-            q = q.where((workloads.c.state == "active") if active else
-                        (workloads.c.state != "active"))
+            q = q.where((workloads.c.state == WorkloadState.ACTIVE.value) if active else
+                        (workloads.c.state != WorkloadState.ACTIVE.value))
         if name is not None:
             q = q.where(workloads.c.name == name)
         with self.engine.connect() as c:

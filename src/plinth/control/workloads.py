@@ -27,7 +27,8 @@ from plinth.control.errors import NotFound
 from plinth.control.kinds import CONTROLLERS
 from plinth.control.tenantfs import Handout
 from plinth.core.errors import PlinthError, SpecError
-from plinth.core.kinds import BaseController, Capacity, Observed, Workload, reconcile
+from plinth.core.kinds import (BaseController, Capacity, Observed, Workload, WorkloadState,
+                               check_workload_transition, reconcile)
 from plinth.core.lifecycle import State
 from plinth.core.spec import errors_message, spec_from_dict
 
@@ -140,7 +141,7 @@ class Workloads:
             w = self.active.get(workload_id)
             if w is None:
                 return "ended"
-            self._end(w, "cancelled")
+            self._end(w, WorkloadState.CANCELLED)
             for job_id in self.unit_jobs.get(w.id, {}).values():
                 if job_id not in self.ended_jobs:
                     try:
@@ -149,11 +150,11 @@ class Workloads:
                         pass
             return "cancelled"
 
-    def _end(self, w: Workload, state: Any) -> None:
-        state = getattr(state, "value", state)  # "succeeded", or a State
+    def _end(self, w: Workload, state: WorkloadState) -> None:
+        check_workload_transition(w.id, WorkloadState.ACTIVE, state)
         self.active.pop(w.id, None)
         self.controller(w.kind).end(w, self.ctx)
-        self.cp.store.update_workload(w.id, state=state, end_time=self.cp.clock(),
+        self.cp.store.update_workload(w.id, state=state.value, end_time=self.cp.clock(),
                                       status=w.status)
 
     # --- the loop ---------------------------------------------------------------------------
@@ -251,7 +252,7 @@ class Workloads:
                                       kind=row["kind"], stored=True)
             except SpecError as e:
                 log.error("%s; it is failed", e)
-                self.cp.store.update_workload(row["id"], state="failed",
+                self.cp.store.update_workload(row["id"], state=WorkloadState.FAILED.value,
                                               end_time=self.cp.clock())
                 continue
             w = Workload(row["id"], row["kind"], row["name"], row["tenant"], spec,

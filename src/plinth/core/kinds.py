@@ -39,7 +39,8 @@ lock, so a controller needs no lock of its own):
 5. `unit_ended(w, unit, ctx)` once per ended job of a unit, across restarts.
 6. `tick(ws, ctx)` every loop turn, with every active workload of the kind at once (the
    autoscaler plans for all services together): the ones whose status it changed.
-7. `finished(w, observed)`: the workload's end state once it is over, else None.
+7. `finished(w, observed)`: the workload's end state (`WorkloadState`) once it is over, else
+   None.
 8. `end(w, ctx)` when it is over or cancelled: release what `start` set up. `close()` at
    shutdown.
 
@@ -53,6 +54,7 @@ lists them, so that two of them never race onto one node.
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -60,9 +62,38 @@ from typing import Any, ClassVar, Protocol
 
 from pydantic import BaseModel
 
-from plinth.core.errors import SpecError
+from plinth.core.errors import PlinthError, SpecError
 from plinth.core.jobspec import JobSpec
 from plinth.core.lifecycle import State
+
+
+class WorkloadState(enum.Enum):
+    """A workload's state, as a job has one: active until its controller says it is over
+    (`finished`) or it is cancelled; then for good."""
+
+    ACTIVE = "active"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def terminal(self) -> bool:
+        return self is not WorkloadState.ACTIVE
+
+
+WORKLOAD_TRANSITIONS: dict[WorkloadState, frozenset[WorkloadState]] = {
+    WorkloadState.ACTIVE: frozenset({WorkloadState.SUCCEEDED, WorkloadState.FAILED,
+                                     WorkloadState.CANCELLED}),
+    WorkloadState.SUCCEEDED: frozenset(),
+    WorkloadState.FAILED: frozenset(),
+    WorkloadState.CANCELLED: frozenset(),
+}
+
+
+def check_workload_transition(workload_id: int, old: WorkloadState,
+                              new: WorkloadState) -> None:
+    if new not in WORKLOAD_TRANSITIONS[old]:
+        raise PlinthError(f"workload {workload_id}: cannot go from {old.value} to {new.value}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,7 +196,8 @@ class Controller(Protocol):
     def report(self, w: Workload, unit: str, body: BaseModel, ctx: Context) -> bool: ...
     def unit_ended(self, w: Workload, unit: str, ctx: Context) -> None: ...
     def tick(self, ws: list[Workload], ctx: Context) -> list[Workload]: ...
-    def finished(self, w: Workload, observed: Mapping[str, Observed]) -> str | None: ...
+    def finished(self, w: Workload, observed: Mapping[str, Observed]
+                 ) -> WorkloadState | None: ...
     def end(self, w: Workload, ctx: Context) -> None: ...
     def close(self) -> None: ...
 
@@ -196,7 +228,7 @@ class BaseController:
     def tick(self, ws: list[Workload], ctx: Context) -> list[Workload]:
         return []
 
-    def finished(self, w: Workload, observed: Mapping[str, Observed]) -> str | None:
+    def finished(self, w: Workload, observed: Mapping[str, Observed]) -> WorkloadState | None:
         return None
 
     def end(self, w: Workload, ctx: Context) -> None:

@@ -54,7 +54,8 @@ from pydantic import BaseModel
 
 from plinth.core.errors import SpecError
 from plinth.core.jobspec import JobSpec, Resources
-from plinth.core.kinds import BaseController, Context, Files, Observed, Unit, Workload
+from plinth.core.kinds import (BaseController, Context, Files, Observed, Unit, Workload,
+                               WorkloadState)
 from plinth.core.lifecycle import State
 from plinth.core.net import free_port
 from plinth.fl.reports import RECENT_ROUNDS, ServerReport, TreeReport
@@ -229,13 +230,13 @@ class FLTaskController(BaseController):
         agg = w.spec.server.aggregation
         return agg.mode == "tree" and agg.leaf_listen is None and not agg.middles
 
-    def finished(self, w: Workload, observed: Mapping[str, Observed]) -> str | None:
+    def finished(self, w: Workload, observed: Mapping[str, Observed]) -> WorkloadState | None:
         server = observed.get("server")
         if server is None or not server.state.terminal:
             return None
         if server.state is State.SUCCEEDED:
-            return "succeeded"
-        return "failed" if w.status.get("restarts", 0) >= MAX_RESTARTS else None
+            return WorkloadState.SUCCEEDED
+        return WorkloadState.FAILED if w.status.get("restarts", 0) >= MAX_RESTARTS else None
 
     def end(self, w: Workload, ctx: Context) -> None:
         self._dirs.pop(w.id, None)

@@ -28,7 +28,7 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from plinth.core.kinds import BaseController, Context, Observed, Unit, Workload
+from plinth.core.kinds import BaseController, Context, Observed, Unit, Workload, WorkloadState
 from plinth.core.jobspec import JobSpec, Resources
 from plinth.core.errors import SpecError
 from plinth.core.spec import TRUSTED
@@ -95,13 +95,13 @@ class TuneController(BaseController):
             out.insert(0, Unit("tracker", tracker_job(spec)))
         return out
 
-    def finished(self, w: Workload, observed: Mapping[str, Observed]) -> str | None:
+    def finished(self, w: Workload, observed: Mapping[str, Observed]) -> WorkloadState | None:
         """succeeded when every client has, failed when one has given up, else None."""
         clients = [c for _, cs in unit_names(_spec(w)).values() for c in cs]
         if not all(_done(w, observed, c) for c in clients):
             return None
         ok = all(observed[c].state is State.SUCCEEDED for c in clients)
-        return "succeeded" if ok else "failed"
+        return WorkloadState.SUCCEEDED if ok else WorkloadState.FAILED
 
 
 def _spec(w: Workload) -> TuneSpec:
