@@ -54,6 +54,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from plinth.core.errors import PlinthError, SpecError
+from plinth.runtime.report import Reporter
 from plinth.serve.batching import (
     ADAPTIVE_CAP,
     SLO_SHARE,
@@ -75,6 +76,7 @@ from plinth.serve.model import (
     replica_device,
     try_example,
 )
+from plinth.serve.reports import ReplicaReport
 from plinth.serve.tuned import TunedInfo, replica_share, tuned_forward
 
 NPY = "application/x-npy"
@@ -347,6 +349,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"replica: {e}", file=sys.stderr, flush=True)
         executor.shutdown()
         return 2
+    reporter = Reporter.from_env()  # on the platform: tell the controller what it serves
+    if reporter is not None:
+        reporter.send(ReplicaReport(tuned=m.tuned.line() if m.tuned else None).model_dump())
     port = sock.getsockname()[1]
     host = socket.gethostname() if args.host in ("0.0.0.0", "::", "") else args.host
     url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
@@ -355,6 +360,8 @@ def main(argv: list[str] | None = None) -> int:
                           f"replica-{os.getpid()}"))
     finally:
         executor.shutdown()
+        if reporter is not None:
+            reporter.close(2.0)
     return 0
 
 

@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
+from pydantic import BaseModel
 
 from plinth.core.errors import SpecError
 from plinth.core.jobspec import JobSpec
@@ -33,6 +34,7 @@ from plinth.core.kinds import BaseController, Context, Observed, Unit, Workload
 from plinth.core.net import free_port
 from plinth.serve.controller import Controller
 from plinth.serve.policies import make_policy
+from plinth.serve.reports import ReplicaReport
 from plinth.serve.router import Router, RouterServer, Window
 from plinth.serve.spec import RouterSpec, ServiceSpec
 from plinth.serve.types import Snapshot
@@ -102,7 +104,7 @@ class ServiceController(BaseController):
         w.status.update(router_port=self.server.port,  # type: ignore[union-attr]
                         url=f"{url}/v1/{w.name}/infer", slo_ms=w.spec.slo_ms)
         if w.spec.tuned:
-            w.status["tuned"] = tuned_status(w.spec)
+            w.status.setdefault("tuned", "no replica has reported yet")
 
     def end(self, w: Workload, ctx: Context) -> None:
         if self.server is not None:
@@ -112,6 +114,17 @@ class ServiceController(BaseController):
     def unit_ended(self, w: Workload, unit: str, ctx: Context) -> None:
         if self.server is not None:
             self.server.call(self.router.remove_unit(w.name, unit))
+
+    def report_model(self, w: Workload, unit: str) -> type[BaseModel] | None:
+        return ReplicaReport if unit.startswith("replica-") else None
+
+    def report(self, w: Workload, unit: str, body: BaseModel, ctx: Context) -> bool:
+        """A replica has loaded its model: with a tuned one, which records it runs."""
+        tuned = getattr(body, "tuned", None)
+        if tuned is None or w.status.get("tuned") == tuned:
+            return False
+        w.status["tuned"] = tuned
+        return True
 
     def check(self, w: Workload, ctx: Context) -> None:
         """Refuse, in one line, a service whose replica set could never fit the cluster."""
@@ -263,15 +276,3 @@ class ServiceController(BaseController):
             fc = HoltForecaster().quantiles(np.array([live.history], np.int64), [0.5])
             return float(fc[0, 0, 0]) / self.minute_s
         return (live.history[-1] if live.history else live.minute_count) / self.minute_s
-
-
-def tuned_status(s: ServiceSpec) -> str:
-    """Which records a tuned service's replicas run, for `plinth show`: read from the database's
-    folders, as the replicas pick them (no TVM in the control plane)."""
-    from plinth.serve.tuned import check_tuned
-
-    assert s.tuned is not None
-    try:
-        return check_tuned(s.tuned.db, s.model, s.input_shape, s.tuned.target, s.share()).line()
-    except (SpecError, OSError) as e:  # the database moved since submission: say so, go on
-        return f"no records: {e}"
