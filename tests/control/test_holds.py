@@ -9,13 +9,13 @@ from plinth_platform import run_cli
 from virtual import VirtualPlatform
 
 from plinth.client import ApiError
-from plinth.control.holds import Holds, verdict
 from plinth.core.errors import SpecError
 from plinth.core.jobspec import JobSpec, parse_array
 from plinth.core.lifecycle import State
 from plinth.core.spec import spec_from_dict
 from plinth.core.workload import Job
 from plinth.runtime.sim_behaviour import SimBehaviour
+from plinth.sched.holds import Holds, verdict
 
 
 @pytest.mark.parametrize(("kind", "state", "started", "met"), [
@@ -30,17 +30,24 @@ def test_verdicts(kind, state, started, met) -> None:
     assert verdict(kind, state, started) is met
 
 
+def plain(job_id: int) -> Job:
+    """A job nothing holds: one others may wait on."""
+    return Job(job_id, 0.0, 1.0, JobSpec(command=["true"]).request())
+
+
 def test_an_array_throttle_lets_tasks_go_as_others_end() -> None:
     holds = Holds()
     spec = JobSpec(command=["true"], array="0-4%2", array_id=10)
-    for i in range(5):
-        holds.hold(Job(10 + i, 0.0, 1.0, spec.request()), spec)
+    tasks = [spec.job(10 + i, "default", 0.0) for i in range(5)]
+    assert (tasks[0].array_id, tasks[0].array_limit) == (10, 2)
+    for t in tasks:
+        holds.submitted(t, held=True)
     go, never = holds.release(lambda j: None)
-    assert [j.id for j, _ in go] == [10, 11] and never == []
+    assert [j.id for j in go] == [10, 11] and never == []
     assert holds.reasons[12] == "held: array 10 runs at most 2 tasks at a time"
     assert holds.release(lambda j: None) == ([], [])
-    holds.ended(10, spec)
-    assert [j.id for j, _ in holds.release(lambda j: None)[0]] == [12]
+    holds.moved(tasks[0], State.SUCCEEDED)
+    assert [j.id for j in holds.release(lambda j: None)[0]] == [12]
 
 
 def test_array_specs_are_checked() -> None:
@@ -202,8 +209,9 @@ def test_a_step_after_one_task_ends_looks_at_one_held_job_not_all() -> None:
     looks at nothing."""
     holds = Holds()
     spec = JobSpec(command=["true"], array="0-9999%1", array_id=1, after=[99_999])
-    for i in range(10_000):
-        holds.hold(Job(1 + i, 0.0, 1.0, spec.request()), spec)
+    tasks = [spec.job(1 + i, "default", 0.0) for i in range(10_000)]
+    for t in tasks:
+        holds.submitted(t, held=True)
     asked: list[int] = []
 
     def state_of(job_id: int) -> tuple[State, bool]:
@@ -211,14 +219,14 @@ def test_a_step_after_one_task_ends_looks_at_one_held_job_not_all() -> None:
         return State.RUNNING, True  # `after` it: met
 
     go, _ = holds.release(state_of)
-    assert [j.id for j, _ in go] == [1] and len(holds.jobs) == 9_999
+    assert [j.id for j in go] == [1] and len(holds.jobs) == 9_999
     for task in range(1, 50):
         asked.clear()
-        holds.ended(task, spec)
+        holds.moved(tasks[task - 1], State.SUCCEEDED)
         go, never = holds.release(state_of)
-        assert [j.id for j, _ in go] == [task + 1] and never == []
+        assert [j.id for j in go] == [task + 1] and never == []
         assert asked == [] and holds.examined == 1  # not 9,999 held jobs each step
-    holds.ended(424242, None)  # another tenant's job ends: nothing held waits on it
+    holds.moved(plain(424242), State.SUCCEEDED)  # another tenant's job: nothing waits on it
     assert not holds.dirty
     assert holds.reasons[9_000] == "held: array 1 runs at most 1 tasks at a time"
 
@@ -227,7 +235,7 @@ def test_only_the_jobs_waiting_on_a_job_that_changed_are_looked_at() -> None:
     holds = Holds()
     for i in range(1_000):
         spec = JobSpec(command=["true"], afterok=[5_000 + i])
-        holds.hold(Job(10_000 + i, 0.0, 1.0, spec.request()), spec)
+        holds.submitted(spec.job(10_000 + i, "default", 0.0), held=True)
     asked: list[int] = []
     states = {5_000 + i: (State.RUNNING, True) for i in range(1_000)}
 
@@ -239,53 +247,61 @@ def test_only_the_jobs_waiting_on_a_job_that_changed_are_looked_at() -> None:
     assert holds.reasons[10_007] == "held: dependency afterok:5007 (running)"
     asked.clear()
     states[5_007] = (State.SUCCEEDED, True)
-    holds.ended(5_007, None)
+    holds.moved(plain(5_007), State.SUCCEEDED)
     go, never = holds.release(state_of)
-    assert [j.id for j, _ in go] == [10_007] and never == [] and asked == [5_007]
+    assert [j.id for j in go] == [10_007] and never == [] and asked == [5_007]
 
 
 def test_a_waiting_reason_follows_its_dependency_without_looking_at_the_job() -> None:
     holds = Holds()
     spec = JobSpec(command=["true"], afterok=[7], afterany=[8])
-    holds.hold(Job(20, 0.0, 1.0, spec.request()), spec)
+    holds.submitted(spec.job(20, "default", 0.0), held=True)
     assert holds.reasons[20] == "held: waiting for its turn"
     states = {7: (State.PENDING, False), 8: (State.RUNNING, True)}
     holds.release(states.get)
     assert holds.reasons[20] == "held: dependency afterany:8 (running), afterok:7 (pending)"
     states[7] = (State.RUNNING, True)
-    holds.changed(7)
+    holds.moved(plain(7), State.RUNNING)
     assert holds.release(states.get) == ([], []) and holds.examined == 0
     assert holds.reasons[20] == "held: dependency afterany:8 (running), afterok:7 (running)"
 
 
 def test_a_dependency_that_can_never_be_met_is_named_in_the_specs_order() -> None:
     holds = Holds()
-    spec = JobSpec(command=["true"], afterok=[7, 8])
-    holds.hold(Job(20, 0.0, 1.0, spec.request()), spec)
+    job = JobSpec(command=["true"], afterok=[7, 8]).job(20, "default", 0.0)
+    holds.submitted(job, held=True)
     states = {7: (State.RUNNING, True), 8: (State.RUNNING, True)}
     holds.release(states.get)
     states[7] = states[8] = (State.FAILED, True)
-    holds.ended(8, None)  # told of 8 first; 7 comes first in the spec
-    holds.ended(7, None)
+    holds.moved(plain(8), State.FAILED)  # told of 8 first; 7 comes first in the spec
+    holds.moved(plain(7), State.FAILED)
     why = "dependency never satisfied: afterok:7 (job 7 ended failed)"
     assert holds.release(states.get) == ([], [(20, why)])
+    holds.moved(job, State.CANCELLED)  # as the owner cancels it
     assert not holds.jobs and not holds.waiters
 
 
 def test_an_array_waiting_on_a_dependency_then_goes_at_its_throttle() -> None:
     holds = Holds()
     spec = JobSpec(command=["true"], array="0-3%2", array_id=30, afterok=[9])
-    for i in range(4):
-        holds.hold(Job(30 + i, 0.0, 1.0, spec.request()), spec)
+    tasks = {30 + i: spec.job(30 + i, "default", 0.0) for i in range(4)}
+    for t in tasks.values():
+        holds.submitted(t, held=True)
     states = {9: (State.RUNNING, True)}
     assert holds.release(states.get) == ([], [])
     assert holds.reasons[32] == "held: dependency afterok:9 (running)"
     states[9] = (State.SUCCEEDED, True)
-    holds.ended(9, None)
-    assert [j.id for j, _ in holds.release(states.get)[0]] == [30, 31]
+    holds.moved(plain(9), State.SUCCEEDED)
+    assert [j.id for j in holds.release(states.get)[0]] == [30, 31]
     assert holds.reasons[33] == "held: array 30 runs at most 2 tasks at a time"
+    assert holds.tallies[30].state() == (State.PENDING, False)
+    holds.moved(tasks[30], State.RUNNING)
+    assert holds.tallies[30].state() == (State.RUNNING, True)
     for task in (32, 33):  # cancelled while held: nothing of the array is left behind
-        holds.ended(task, spec)
-    holds.ended(30, spec)
-    holds.ended(31, spec)
+        holds.moved(tasks[task], State.CANCELLED)
+    holds.moved(tasks[30], State.SUCCEEDED)
+    holds.moved(tasks[31], State.SUCCEEDED)
+    assert holds.tallies[30].state() == (State.FAILED, True)  # two were cancelled
     assert holds.release(states.get) == ([], []) and not holds.arrays and not holds.jobs
+    holds.drop_ended_arrays()
+    assert not holds.tallies

@@ -6,6 +6,7 @@ from hypothesis import strategies as st
 
 from plinth.core import Cluster, Job, Node, Request
 from plinth.core.errors import UnplaceableError
+from plinth.runtime.sim_behaviour import SimBehaviour
 from plinth.sched.policies import make_policy
 from plinth.sched.policies.base import Policy
 from plinth.core.lifecycle import State
@@ -145,3 +146,30 @@ def test_strict_fifo_without_backfill_blocks_behind_the_head():
     r = simulate(jobs, c, make_policy("fifo", backfill=False), validate=True)
     s = {js.id: js.first_start for js in r.jobs}
     assert s == {0: 0, 1: 100, 2: 150}  # job 2 would fit at t=2 but may not pass job 1
+
+
+def test_a_replay_honours_dependencies_and_array_throttles():
+    """A trace with a dependency and a throttled array, replayed under the owner's holds as
+    the platform runs it: the dependent job waits for its dependency (afterok) and for the
+    whole array (an array's id stands for its tasks); at most two tasks run at once (%2),
+    though the cluster has room for all; a job whose afterok dependency failed is cancelled."""
+    c = cluster(nodes=1)  # 8 GPUs: room for everything at once
+    array = [job(10 + i, 0, 100, array_id=10, array_limit=2) for i in range(5)]
+    jobs = [job(1, 0, 50),
+            job(2, 0, 30, retries=0),
+            *array,
+            job(3, 0, 10, dependencies=(("afterok", 1), ("afterok", 10))),
+            job(4, 5, 10, dependencies=(("afterok", 2),)),
+            job(5, 5, 10, dependencies=(("afternotok", 2),))]
+    fails = {2}  # job 2 exits 1: afterok on it can never be met
+    r = simulate(jobs, c, make_policy("fifo"), validate=True,
+                 behaviour=lambda j, a: SimBehaviour(exit_code=1) if j.id in fails else None)
+    by = {js.id: js for js in r.jobs}
+    starts = sorted((by[t.id].first_start, by[t.id].end_time) for t in array)
+    assert starts == [(0, 100), (0, 100), (100, 200), (100, 200), (200, 300)]
+    assert all(sum(s <= t < e for s, e in starts) <= 2 for t, _ in starts)
+    assert by[3].first_start == 300 and by[3].status is State.SUCCEEDED
+    assert by[2].status is State.FAILED and by[5].first_start == 30
+    assert by[4].status is State.CANCELLED and by[4].first_start is None
+    assert by[4].reason == "dependency never satisfied: afterok:2 (job 2 ended failed)"
+    assert by[4].end_time == 30  # cancelled as its dependency failed, not later

@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
-from plinth.core.jobspec import JobSpec
 from plinth.control.store import Event
-from plinth.core.resources import Allocation
-from plinth.core.spec import TRUSTED, validation_message
-from plinth.core.runtime import Handle
+from plinth.core.jobspec import JobSpec
 from plinth.core.lifecycle import State, StopReason
+from plinth.core.resources import Allocation
+from plinth.core.runtime import Handle
+from plinth.core.spec import TRUSTED, validation_message
 from plinth.sched.types import JobState
 
 if TYPE_CHECKING:
@@ -47,8 +47,10 @@ class Recovery:
 
 
 def recover(cp: ControlPlane) -> None:
-    """Rebuild the owner from the store after a (re)start: pending jobs queue again; running
-    ones are re-adopted if their processes are still the same, else requeued as lost."""
+    """Rebuild the owner from the store after a (re)start: pending jobs queue again (or are
+    held again); running ones are re-adopted if their processes are still the same, else
+    requeued as lost. What it finds becomes the owner's transitions, stored at the first step
+    (`ControlPlane.recover` takes it at once)."""
     now = cp.clock()
     owner, found = cp.owner, cp.recovery
     for row in cp.store.active_jobs():
@@ -62,21 +64,18 @@ def recover(cp: ControlPlane) -> None:
             spec = spec.model_copy(update={"array_id": row["array_id"]})
         job = spec.job(row["id"], row["tenant"], row["submit_time"])
         cp.specs[job.id] = spec
-        pending = row["state"] == State.PENDING.value
-        found.pending += pending
-        if pending and row["attempt"] == 0 and cp.holds.needs_hold(spec):
-            cp.holds.hold(job, spec)  # it has never run: its dependencies decide again
-            continue
-        cp.holds.let_go(job.id, spec)
         js = JobState(job, pending_since=row["submit_time"], attempt=row["attempt"],
                       preemptions=row["preemptions"],
                       checkpoint_step=row.get("checkpoint_step"),
                       checkpoint_time=row.get("checkpoint_time"))
         state = State(row["state"])
         if state is State.PENDING:
-            owner.restore(js, now)
+            found.pending += 1
+            owner.restore(js, now)  # held again if it never ran and waits on something
             continue
+        js.status = state
         alloc = Allocation.from_dict(row["allocation"]) if row["allocation"] else None
+        stop = StopReason(row["stop_reason"]) if row["stop_reason"] else None
         stored = row["handle"]
         if stored is None and alloc is not None:
             # Killed during the launch, before storing its handle: the runtime's own record.
@@ -85,25 +84,18 @@ def recover(cp: ControlPlane) -> None:
                 stored = launched.to_dict()
                 cp.store.update_job(job.id, handle=stored)
         if stored is None or alloc is None or not owner.held.fits(alloc, job.request):
-            # Killed between recording the start and launching, or the nodes changed.
+            # Killed between recording the start and launching, or the nodes changed: it is
+            # requeued as lost, or ends if it was being cancelled.
             why = ("control plane restarted before the launch was recorded"
                    if stored is None else "allocation no longer fits")
-            if row["stop_reason"] == StopReason.CANCEL.value:  # it was cancelled: it ends
-                cp.store.transition(job.id, state, State.CANCELLED, now, "cancelled",
-                                    f"cancelled; nothing was running ({why})",
-                                    handle=None, end_time=now, reason="cancelled by the user")
-                cp.specs.pop(job.id, None)
+            if stop is StopReason.CANCEL:
                 found.cancelled += 1
-                continue
-            found.lost += 1
-            cp.store.transition(job.id, state, State.PENDING, now, "lost", why,
-                                handle=None, allocation=None, stop_reason=None,
-                                reason=f"requeued after lost: {why}")
-            owner.restore(js, now)
+            else:
+                found.lost += 1
+            owner.restore(js, now, stop=stop, lost=why)
             continue
-        js.status, js.allocation = state, alloc
+        js.allocation = alloc
         js.start_time = js.first_start = row["start_time"]
-        stop = StopReason(row["stop_reason"]) if row["stop_reason"] else None
         owner.restore(js, now, stop=stop)
         handle = cp.handles[job.id] = Handle.from_dict(stored)
         if cp.runtime.adopt(handle):
@@ -115,8 +107,10 @@ def recover(cp: ControlPlane) -> None:
                 cp.runtime.stop(job.id, js.attempt, cp.grace_s)
         else:  # the runtime queued an EXITED or LOST event; the loop handles it
             found.ended += 1
-    if cp.holds.dirty:  # held jobs get their reasons (or go) before the API answers
-        owner.handle(cp.release_held(), now, schedule=False)
+    for array_id in list(owner.holds.tallies):  # what its tasks that ended before did
+        states, started = cp.store.array_summary(array_id)
+        owner.holds.seed(array_id, any(s.terminal and s is not State.SUCCEEDED for s in states),
+                         started)
 
 
 def _fail_unreadable(cp: ControlPlane, row: dict, why: str, now: float) -> None:
@@ -127,5 +121,4 @@ def _fail_unreadable(cp: ControlPlane, row: dict, why: str, now: float) -> None:
         handle = Handle.from_dict(row["handle"])
         if cp.runtime.adopt(handle):
             cp.runtime.stop(handle.job_id, handle.attempt, cp.grace_s)
-    cp.store.transition(row["id"], state, State.FAILED, now, "failed", f"cannot recover: {why}",
-                        handle=None, end_time=now, reason=f"cannot recover: {why}")
+    cp.owner.refuse(row["id"], state, now, why)

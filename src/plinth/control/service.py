@@ -31,7 +31,6 @@ from typing import TypeVar
 from plinth.control import tenantfs, users
 from plinth.control.errors import Conflict, NotFound
 from plinth.control.cancel import cancel_array, cancel_jobs
-from plinth.control.holds import Holds
 from plinth.control.launchspec import launch_spec
 from plinth.control.metrics import ControlMetrics
 from plinth.control.recovery import Recovery, recover
@@ -45,6 +44,7 @@ from plinth.core.runtime import EventKind, Handle, Runtime
 from plinth.core.workload import Job
 from plinth.sched import owner as o
 from plinth.sched.driver import Driver, Pacer
+from plinth.sched.holds import array_state
 from plinth.sched.placement import never_fits
 from plinth.sched.policies import make_policy
 from plinth.sched.policies.base import Policy
@@ -95,12 +95,12 @@ class ControlPlane:
         self.handles: dict[int, Handle] = {}
         self.recovery = Recovery()
         self._incoming: deque[tuple[Job, JobSpec]] = deque()  # submitted, not yet seen
-        self.holds = Holds()  # submitted, kept from the owner: dependencies, array throttles
         self.writer = GroupCommit(store)
         self._nodes_due = time.monotonic() + NODE_CHECK_S  # the next look at runtime.nodes()
         self._joined: set[str] = set()  # new nodes, told once
         policy_obj = self._rebuild()
-        self.owner = o.Owner(self.cluster, policy_obj, self.config, keep_finished=False)
+        self.owner = o.Owner(self.cluster, policy_obj, self.config, keep_finished=False,
+                             lookup=self._stored_state)
         self.metrics = ControlMetrics(self)  # /metrics; read at scrape time
         self.driver = Driver(self.owner, runtime, clock=clock,
                              launch_spec=lambda ins: launch_spec(self, ins), grace_s=grace_s,
@@ -188,9 +188,12 @@ class ControlPlane:
         self.runtime.close()
 
     def recover(self) -> None:
-        """Rebuild the owner from the store after a (re)start (see plinth.control.recovery)."""
+        """Rebuild the owner from the store after a (re)start (see plinth.control.recovery),
+        then take a first step: what recovery found is stored, and held jobs get their
+        reasons (or go), before the API answers."""
         recover(self)
         self.workloads.recover()
+        self.step()
 
     # --- API-facing operations ----------------------------------------------------------------
 
@@ -228,39 +231,26 @@ class ControlPlane:
         self._wake.set()
         return job_id
 
-    def _take_incoming(self) -> list[o.Event]:
-        """New submissions for the owner, and held jobs that may go now (see holds.py)."""
-        events = self.incoming_to_holds()
-        return events + self.release_held() if self.holds.dirty else events
+    def take_incoming(self) -> list[o.Event]:
+        """New submissions, as the owner's events (it holds back those that wait on others or
+        for their array's turn: plinth.sched.holds)."""
+        events: list[o.Event] = []
+        while self._incoming:
+            job, spec = self._incoming.popleft()
+            self.specs[job.id] = spec
+            events.append(o.Submitted(job))
+        return events
 
-    def release_held(self) -> list[o.Event]:
-        """Held jobs that may go to the owner now; those that never can are cancelled."""
-        go, never = self.holds.release(self._state_of)
-        self.metrics.held_examined(self.holds.examined)
-        now = self.clock()
-        self.store.transitions([  # as Slurm's kill_invalid_depend
-            Transition(job_id, State.PENDING, State.CANCELLED, now, "cancelled", why,
-                       {"end_time": now, "reason": why}) for job_id, why in never])
-        for job_id, _ in never:
-            self.specs.pop(job_id, None)
-        return [o.Submitted(job) for job, _ in go]
-
-    def _state_of(self, job_id: int) -> tuple[State, bool] | None:
-        """(state, has started) of a job, for its dependents; None if there is no such job.
-        An array's id stands for all its tasks, as in Slurm."""
-        spec = self.specs.get(job_id)  # an active job's (held, or with the owner)
-        if spec is None:  # ended, or just submitted (stored before it is queued)
-            row = self.store.job(job_id)
-            if row is None or row["array_id"] != job_id:
-                return None if row is None else (State(row["state"]), row["attempt"] > 0)
-        elif spec.array_id != job_id:
-            js = self.owner.jobs.get(job_id)
-            return (js.status, js.attempt > 0) if js is not None else (State.PENDING, False)
+    def _stored_state(self, job_id: int) -> tuple[State, bool] | None:
+        """(state, has started) of a job the owner no longer holds (it ended, or was just
+        submitted and not yet taken in), for the jobs that wait on it; None if there is no
+        such job. An array's id stands for all its tasks, as in Slurm."""
+        row = self.store.job(job_id)
+        if row is None or row["array_id"] != job_id:
+            return None if row is None else (State(row["state"]), row["attempt"] > 0)
         states, started = self.store.array_summary(job_id)
-        if all(s.terminal for s in states):
-            return (State.SUCCEEDED if all(s is State.SUCCEEDED for s in states) else
-                    State.FAILED), started
-        return (State.RUNNING if started else State.PENDING), started
+        failed = any(s.terminal and s is not State.SUCCEEDED for s in states)
+        return array_state(all(s.terminal for s in states), failed, started)
 
     def submit_tasks(self, spec: JobSpec, row: dict, now: float) -> list[int]:
         """Store and queue the tasks of a job array (`spec.array`), one job each with its
@@ -291,21 +281,8 @@ class ControlPlane:
         (plinth.control.cancel); returns each one's state afterwards."""
         return cancel_array(self, array_id)
 
-    def incoming_to_holds(self) -> list[o.Event]:
-        """New submissions taken in (held ones into the holds), without releasing any held
-        job: a cancel must not let the next task of the array it cancels go first."""
-        events: list[o.Event] = []
-        while self._incoming:
-            job, spec = self._incoming.popleft()
-            self.specs[job.id] = spec
-            if self.holds.needs_hold(spec):
-                self.holds.hold(job, spec)
-            else:
-                events.append(o.Submitted(job))
-        return events
-
     def reason(self, job_id: int) -> str | None:
-        held = self.holds.reason(job_id)
+        held = self.owner.holds.reason(job_id)
         if held is not None:
             return held
         js = self.owner.jobs.get(job_id)
@@ -394,10 +371,8 @@ class ControlPlane:
                     time.monotonic() >= self._nodes_due
                     or any(r.kind is EventKind.LOST for r in reports)):
                 self._follow_nodes()
-            self.driver.turn([*self.driver.events(reports, now), *self._take_incoming()], now)
+            self.driver.turn([*self.driver.events(reports, now), *self.take_incoming()], now)
             self.workloads.tick(now)
-            if self.holds.dirty and self.holds.jobs:  # a job ended or started: look again
-                self._wake.set()
 
     def _follow_nodes(self) -> None:
         """Take the nodes that have left the runtime out of the scheduler's view, and put back
@@ -438,6 +413,8 @@ class ControlPlane:
         for r in out.rejected:
             if not isinstance(r.event, o.Cancelled):
                 log.warning("%s", r.message)
+        if out.held_examined:
+            self.metrics.held_examined(out.held_examined)
 
     def _store(self, t: o.Transition, moves: list[Transition]) -> None:
         """Record `t`: a move between states joins `moves` (the caller writes them); a change
@@ -451,14 +428,11 @@ class ControlPlane:
             self.handles.pop(t.job_id, None)
         at = t.at
         if t.new.terminal:
-            self.holds.ended(t.job_id, self.specs.pop(t.job_id, None))
+            self.specs.pop(t.job_id, None)
             self.workloads.job_ended(t.job_id, t.new)
             ended = self.driver.ended_at.pop(t.job_id, None)
             if ended is not None and "end_time" in fields:
                 at = fields["end_time"] = min(ended, t.at)
-        elif t.old is not t.new and self.holds.waiters:  # jobs waiting on it look again
-            spec = self.specs.get(t.job_id)
-            self.holds.changed(t.job_id, spec.array_id if spec is not None else None)
         if t.new is State.STOPPING and "reason" not in fields:
             fields["reason"] = f"stopping: {t.message}"
         if t.old is t.new:

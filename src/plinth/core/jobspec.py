@@ -251,6 +251,15 @@ class JobSpec(BaseModel):
         """(kind, job id) of every dependency, in the order of DEPENDENCY_KINDS."""
         return [(kind, j) for kind in DEPENDENCY_KINDS for j in getattr(self, kind)]
 
+    def array_limit(self) -> int | None:
+        """The `%N` of an array spec (checked at the boundary), read without expanding the
+        indices: it is read for every task of an array, and expanding `0-9999` each time was
+        O(tasks²)."""
+        if not self.array:
+            return None
+        limit = str(self.array).strip().partition("%")[2]
+        return int(limit) if limit else None
+
     @field_validator("array")
     @classmethod
     def _array(cls, v: str | None) -> str | None:
@@ -332,4 +341,6 @@ class JobSpec(BaseModel):
         return Job(job_id, submit_time, self.max_runtime or DEFAULT_ESTIMATE_S, self.request(),
                    name=self.name, tenant=tenant, priority=self.priority,
                    preemptible=self.preemptible, time_limit=self.max_runtime,
-                   retries=self.retries)
+                   retries=self.retries, dependencies=tuple(self.dependencies()),
+                   array_id=self.array_id,
+                   array_limit=self.array_limit() if self.array_id is not None else None)

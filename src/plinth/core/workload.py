@@ -24,6 +24,11 @@ class Job:
     time_limit: float | None = None  # the user's estimate, as Slurm's --time; used by backfill
     retries: int = 0  # a run that fails (exit code not 0) is requeued this many times
     source_line: int = 0  # line in the trace file it came from, for error messages
+    # Slurm's --dependency: (kind, job id), kind one of after, afterany, afterok, afternotok;
+    # an array's id stands for all its tasks. The owner holds the job until they are met.
+    dependencies: tuple[tuple[str, int], ...] = ()
+    array_id: int | None = None  # a task of this array (its first task's id)
+    array_limit: int | None = None  # at most this many of its array's tasks at once (`%N`)
 
     @property
     def estimate(self) -> float:

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from plinth.core.lifecycle import State, StopReason
 from plinth.core.resources import Allocation
 from plinth.core.workload import Job
-from plinth.core.lifecycle import State, StopReason
 from plinth.sched.types import JobState
 
 # --- events in ----------------------------------------------------------------------------
@@ -127,6 +127,7 @@ class Output:
     rejected: list[Rejected] = field(default_factory=list)
     checkpoints: list[JobState] = field(default_factory=list)  # jobs whose checkpoint moved
     policy_s: float = 0.0  # seconds the policy took in this step
+    held_examined: int = 0  # held jobs looked at in this step (the cost of the holds)
 
 
 def event_kind(ev: object) -> str:

@@ -2,7 +2,7 @@
 
 Nothing is over-committed in either view; each view equals the sum of its jobs' allocations
 (and, in the plan, the holds on nodes that left); gangs are whole; every job is in exactly the
-one place its state says.
+one place its state says (a pending job in the policy's queue, or held: plinth.sched.holds).
 """
 
 from __future__ import annotations
@@ -26,9 +26,11 @@ def check_owner(owner: Owner) -> None:
     ending = {j for j, (r, _) in owner.stop_why.items() if r is not StopReason.PREEMPT}
     assert len(in_pending) == len(owner.pending), "a job is queued twice"
     for jid, js in owner.jobs.items():
-        where = [name for name, box in (("pending", in_pending), ("running", owner.running),
+        where = [name for name, box in (("pending", in_pending), ("held", owner.holds.jobs),
+                                        ("running", owner.running),
                                         ("stopping-to-end", ending)) if jid in box]
-        expect = {State.PENDING: ["pending"], State.RUNNING: ["running"]}.get(js.status)
+        expect = {State.PENDING: ["held" if jid in owner.holds.jobs else "pending"],
+                  State.RUNNING: ["running"]}.get(js.status)
         if js.status is State.STOPPING:
             expect = ["pending"] if owner.stop_why[jid][0] is StopReason.PREEMPT and \
                 jid not in owner.next_start else \

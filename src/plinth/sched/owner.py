@@ -28,6 +28,12 @@ planned it so, and may start it again in the same pass.
 Timers are the owner's too: time limits (`Job.time_limit`) and the policy's `wake_at` (a lease
 or round ending). They fire on the first `handle` at or after them; `next_timer()` says when.
 
+So are dependencies and array throttles (`plinth.sched.holds`): a job that waits on another, or
+for its array's turn, is PENDING but held out of the policy's queue until it may run, and one
+whose dependency can never be met is cancelled, as a transition like any other. The state of a
+job the owner no longer holds (it keeps no finished jobs: the control plane) comes from
+`lookup`, the shell's record.
+
 `validate=True` checks the invariants after every step (tests and the simulator's checks):
 nothing over-committed in either view, both views equal to the sum of their jobs' allocations,
 gangs whole, every job in exactly one state.
@@ -35,7 +41,6 @@ gangs whole, every job in exactly one state.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
 from collections.abc import Callable, Iterable
@@ -64,22 +69,31 @@ from plinth.sched.events import (  # noqa: F401 (the owner's vocabulary, importe
     Transition,
     event_kind,
 )
+from plinth.sched.holds import Holds
 from plinth.sched.invariants import check_owner
 from plinth.sched.nodes import DownNodes
 from plinth.sched.policies.base import Policy
+from plinth.sched.restore import Restoring
 from plinth.sched.state import ClusterState
 from plinth.sched.types import Decisions, JobState, SchedConfig, Snapshot
 
 WAITING_FOR_RELEASE = "started: waiting for stopping jobs to release its resources"
 
 
-class Owner:
+# The state of a job the owner does not hold (an array's id: of its tasks together), and whether
+# it has started; None if there is no such job.
+Lookup = Callable[[int], "tuple[State, bool] | None"]
+
+
+class Owner(Restoring):
     def __init__(self, cluster: Cluster, policy: Policy, config: SchedConfig | None = None, *,
                  validate: bool = False, keep_finished: bool = True,
-                 on_pass: Callable[[Decisions, float], None] | None = None) -> None:
+                 on_pass: Callable[[Decisions, float], None] | None = None,
+                 lookup: Lookup | None = None) -> None:
         self.cluster, self.policy = cluster, policy
         self.config = config or SchedConfig()
         self.validate, self.keep_finished, self.on_pass = validate, keep_finished, on_pass
+        self.lookup = lookup
         self.state = ClusterState(cluster)  # the plan
         self.held = ClusterState(cluster)  # what launched attempts hold
         self.down = DownNodes()  # nodes that left: held out of the plan
@@ -95,6 +109,9 @@ class Owner:
         self.stop_why: dict[int, tuple[StopReason, bool]] = {}  # STOPPING: why, and saving?
         self.deadlines: dict[int, float] = {}
         self.wake_at: float | None = None
+        self.holds = Holds()  # held PENDING jobs: dependencies, array throttles
+        self._held_due: float | None = None  # held jobs to look at again from then
+        self._gone: list[int] = []  # finished in this step: forgotten at its end
         self.passes = self.preemptions = 0
         self.lost_work = 0.0
         # What happened since the last pass, to decide whether one is worth running.
@@ -117,11 +134,14 @@ class Owner:
             js = self.running[jid]
             self._stop(js, now, StopReason.TIMEOUT,
                        f"time limit of {js.job.time_limit:g} s reached")
+        if self.holds.dirty:
+            self._release_held(now)
         if self.down.nodes:  # what jobs on a node that left released stays unplaceable
             self.down.take_free(self.state)
         if schedule and self.pass_needed(now):
             self._schedule(now)
         self._launch_waiting(now)
+        self._end_step(now)
         if self.validate:
             self.check()
         self._out = Output()
@@ -140,37 +160,20 @@ class Owner:
                                   or self.state.free_milli > 0)
 
     def next_timer(self) -> float | None:
-        """When `handle` should next be called even if no event comes."""
+        """When `handle` should next be called even if no event comes (at once, if a start
+        or an end late in the last step may let held jobs go)."""
         t = min(self.deadlines.values(), default=math.inf)
         if self.wake_at is not None:
             t = min(t, self.wake_at)
+        if self._held_due is not None:
+            t = min(t, self._held_due)
         return None if math.isinf(t) else t
-
-    @classmethod
-    def from_snapshot(cls, snap: Snapshot, policy: Policy | None = None) -> Owner:
-        """An owner holding copies of a snapshot's jobs and its cluster state (to check a
-        pass's decisions in isolation: `plinth.sched.validate`)."""
-        owner = cls(snap.cluster, policy or Policy(), snap.config)
-        owner.state, owner.held = snap.state.copy(), snap.state.copy()
-        for js in snap.pending:
-            c = dataclasses.replace(js)
-            owner.jobs[c.id] = c
-            owner.pending.add(c)
-        for js in snap.running.values():
-            c = dataclasses.replace(js, status=State.RUNNING)
-            owner.jobs[c.id] = c
-            owner.running[c.id] = c
-            owner.ends.add(c)  # its progress is current: the end is read from it
-            start = c.start_time if c.start_time is not None else 0.0
-            owner.runs[c.id] = Run(start, start, c.rate or 1.0, 0.0, c.progress, c.attained,
-                                    c.executed, c.job.request.num_gpus)
-            owner.accounted[c.id] = (c, owner.runs[c.id], c.job.duration)
-        return owner
 
     def apply(self, d: Decisions, now: float) -> Output:
         """Apply one pass's decisions (as `handle` does after calling the policy)."""
         self._apply(d, now)
         self._launch_waiting(now)
+        self._end_step(now)
         out, self._out = self._out, Output()
         return out
 
@@ -240,6 +243,11 @@ class Owner:
             return
         js = JobState(job, pending_since=job.submit_time)
         self.jobs[job.id] = js
+        if Holds.concerns(job):
+            held = Holds.needs_hold(job)
+            self.holds.submitted(job, held)
+            if held:
+                return
         self._queue(js)
 
     def _queue(self, js: JobState) -> None:
@@ -252,6 +260,9 @@ class Owner:
 
     def _cancel(self, js: JobState, now: float, message: str) -> None:
         if js.status is State.PENDING:
+            if js.id in self.holds.jobs:  # it leaves the holds as it ends
+                self._finish(js, State.CANCELLED, now, "cancelled", f"{message} while held")
+                return
             self.pending.remove(js)
             self._finish(js, State.CANCELLED, now, "cancelled", f"{message} while pending")
         elif js.status is State.RUNNING:
@@ -400,6 +411,10 @@ class Owner:
         self._out.transitions.append(Transition(js.id, js.status, new, now, kind, message,
                                                 fields))
         js.status = new
+        job, holds = js.job, self.holds
+        if job.dependencies or job.array_id is not None or (holds.waiters
+                                                            and js.id in holds.waiters):
+            holds.moved(job, new)
 
     def _note(self, js: JobState, now: float, kind: str, message: str, **fields: object) -> None:
         """A change that is not a lifecycle move (the shells store it all the same)."""
@@ -522,7 +537,41 @@ class Owner:
         self._move(js, state, now, kind, message, end_time=now, reason=message, **fields)
         js.end_time, js.reason = now, message
         if not self.keep_finished:
-            del self.jobs[js.id]
+            self._gone.append(js.id)  # at the end of the step: held jobs may ask about it
+
+    # --- held jobs ----------------------------------------------------------------------------
+
+    def _release_held(self, now: float) -> None:
+        """Held jobs whose dependencies are met and whose array has a slot join the queue;
+        those whose dependencies never can be met are cancelled (Slurm's
+        kill_invalid_depend)."""
+        go, never = self.holds.release(self._state_of)
+        self._out.held_examined += self.holds.examined
+        for job in go:
+            self._queue(self.jobs[job.id])
+        for job_id, why in never:
+            self._finish(self.jobs[job_id], State.CANCELLED, now, "cancelled", why)
+
+    def _state_of(self, job_id: int) -> tuple[State, bool] | None:
+        """(state, has started) of a job a held one waits on: an array of the owner's by its
+        tasks, a job of the owner's, else what the shell's record says."""
+        tally = self.holds.tallies.get(job_id)
+        if tally is not None:
+            return tally.state()
+        js = self.jobs.get(job_id)
+        if js is not None and js.job.array_id != job_id:
+            return js.status, js.attempt > 0
+        return None if self.lookup is None else self.lookup(job_id)
+
+    def _end_step(self, now: float) -> None:
+        """Forget the jobs that finished in this step (unless it keeps them), and say when
+        held jobs want another look."""
+        if self._gone:
+            for jid in self._gone:
+                del self.jobs[jid]
+            self._gone.clear()
+            self.holds.drop_ended_arrays()
+        self._held_due = now if self.holds.dirty else None
 
     # --- accounting ---------------------------------------------------------------------------
 
@@ -530,36 +579,6 @@ class Owner:
         run = self.runs.get(js.id)
         if run is not None:  # launched
             account(((js, run, js.job.duration),), now)
-
-    # --- restoring after a restart ------------------------------------------------------------
-
-    def restore(self, js: JobState, now: float, *, stop: StopReason | None = None) -> None:
-        """Take back a job an earlier owner had (the control plane's recovery). A PENDING job
-        queues; a RUNNING or STOPPING one (with `js.allocation`, `attempt` and `start_time`)
-        holds its allocation in both views, as launched at `js.start_time`."""
-        self.jobs[js.id] = js
-        if js.status is State.PENDING:
-            self.pending.add(js)
-            self._arrived = True
-            self._queued = None  # a first pass after a restart reads the whole queue
-            return
-        alloc, req = js.allocation, js.job.request
-        self.held.allocate(alloc, req)  # type: ignore[arg-type]
-        start = js.start_time if js.start_time is not None else now
-        self.runs[js.id] = Run(start, start, 1.0, 0.0, js.progress, js.attained, js.executed,
-                                req.num_gpus)
-        js.rate = 1.0
-        if js.status is State.RUNNING:
-            self.state.allocate(alloc, req)  # type: ignore[arg-type]
-            self.running[js.id] = js
-            self.accounted[js.id] = (js, self.runs[js.id], js.job.duration)
-            self.ends.add(js, start, js.progress)
-            if js.job.time_limit:
-                self.deadlines[js.id] = start + js.job.time_limit
-        else:
-            self.stop_why[js.id] = (stop or StopReason.PREEMPT, False)
-            if self.stop_why[js.id][0] is StopReason.PREEMPT:
-                self.pending.add(js)
 
     # --- invariants ---------------------------------------------------------------------------
 

@@ -9,11 +9,13 @@ started and left waiting, or an over-committed GPU. Tests of every policy use it
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 
+from plinth.core.lifecycle import State
 from plinth.core.resources import Cluster
 from plinth.core.workload import Job
-from plinth.core.lifecycle import State
+from plinth.sched.accounting import Run
 from plinth.sched.owner import Owner
 from plinth.sched.placement import place_and_allocate
 from plinth.sched.policies.base import Policy
@@ -45,7 +47,28 @@ def apply_decisions(snap: Snapshot, d: Decisions, now: float = 0.0) -> ClusterSt
                       ("started", [s.job_id for s in d.starts]),
                       ("moved", [r.job_id for r in d.resizes])):
         assert len(ids) == len(set(ids)), f"a job {name} twice: {ids}"
-    owner = Owner.from_snapshot(snap)
+    owner = owner_from_snapshot(snap)
     owner.apply(d, now)
     owner.state.check()
     return owner.state
+
+
+def owner_from_snapshot(snap: Snapshot, policy: Policy | None = None) -> Owner:
+    """An owner holding copies of a snapshot's jobs and its cluster state, to check a pass's
+    decisions in isolation."""
+    owner = Owner(snap.cluster, policy or Policy(), snap.config)
+    owner.state, owner.held = snap.state.copy(), snap.state.copy()
+    for js in snap.pending:
+        c = dataclasses.replace(js)
+        owner.jobs[c.id] = c
+        owner.pending.add(c)
+    for js in snap.running.values():
+        c = dataclasses.replace(js, status=State.RUNNING)
+        owner.jobs[c.id] = c
+        owner.running[c.id] = c
+        owner.ends.add(c)  # its progress is current: the end is read from it
+        start = c.start_time if c.start_time is not None else 0.0
+        owner.runs[c.id] = Run(start, start, c.rate or 1.0, 0.0, c.progress, c.attained,
+                               c.executed, c.job.request.num_gpus)
+        owner.accounted[c.id] = (c, owner.runs[c.id], c.job.duration)
+    return owner

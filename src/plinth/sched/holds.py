@@ -1,20 +1,23 @@
-"""Jobs the control plane holds back from the scheduler: dependencies and array throttles.
+"""Jobs the owner holds back from the policy: dependencies and array throttles.
 
-A held job is stored as pending, with a reason that says what it waits for, but the owner
-(plinth.sched.owner) has not seen it: it is submitted to the owner once it may run. So the
-scheduler's pending set holds only jobs that could start now, as with Slurm, where a job held on
-a dependency is not considered by the scheduler at all.
+A held job is the owner's (plinth.sched.owner): PENDING, stored as such by the control plane,
+with a reason that says what it waits for (`reason`). But it is not in the policy's queue: it
+goes there once it may run. So the scheduler's pending set holds only jobs that could start now,
+as with Slurm, where a job held on a dependency is not considered by the scheduler at all; and a
+replay in the simulator holds jobs back exactly as the platform does.
 
 - Dependencies, as Slurm's ``--dependency``: ``after`` (the job has started, or ended),
   ``afterany`` (ended), ``afterok`` (succeeded), ``afternotok`` (ended without success). A
   dependency that can no longer be met (``afterok`` on a job that failed) cancels the job, as
-  Slurm does with ``kill_invalid_depend``.
+  Slurm does with ``kill_invalid_depend``. An array's id stands for all its tasks: its state is
+  theirs together (`ArrayTally`).
 - Array throttles, ``array: 0-99%10``: at most 10 tasks of the array are with the scheduler
   (pending there, running or stopping) at a time; the next task goes when one ends.
 
-`release` is a pure function of the holds and of what it is told about other jobs' states. It
-costs what changed since the last call, not what is held: a held job is looked at when it is new,
-when a job it waits on changed state (the shell says so with `changed` and `ended`), or when its
+The owner tells the holds of every job that may matter to them (`submitted`, `moved`) and calls
+`release` when something changed (`dirty`). `release` is a pure function of the holds and of
+what `state_of` says about other jobs. It costs what changed since the last call, not what is
+held: a held job is looked at when it is new, when a job it waits on changed state, or when its
 array has a free slot; why a job waits is worked out when someone asks (`reason`).
 """
 
@@ -24,9 +27,8 @@ import heapq
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
-from plinth.core.jobspec import JobSpec
-from plinth.core.workload import Job
 from plinth.core.lifecycle import State
+from plinth.core.workload import Job
 
 # (state, has started at least once) of a job, or None if there is no such job.
 StateOf = Callable[[int], "tuple[State, bool] | None"]
@@ -44,18 +46,26 @@ def verdict(kind: str, state: State, started: bool) -> bool | None:
     return (state is State.SUCCEEDED) == (kind == "afterok")
 
 
-def array_limit(spec: JobSpec) -> int | None:
-    """The `%N` of an array spec (checked at the boundary), read without expanding the indices:
-    this runs for every task of an array, and expanding `0-9999` each time was O(tasks²)."""
-    if not spec.array:
-        return None
-    limit = str(spec.array).strip().partition("%")[2]
-    return int(limit) if limit else None
+def array_state(ended: bool, failed: bool, started: bool) -> tuple[State, bool]:
+    """An array's state as its dependents see it: SUCCEEDED once all its tasks have ended and
+    all succeeded, FAILED once all have ended otherwise, RUNNING once one has started, else
+    PENDING; and whether one has started."""
+    if ended:
+        return (State.FAILED if failed else State.SUCCEEDED), started
+    return (State.RUNNING if started else State.PENDING), started
 
 
-def throttle(spec: JobSpec) -> int | None:
-    """The limit a task of a throttled array runs under; None for any other job."""
-    return array_limit(spec) if spec.array_id is not None else None
+@dataclass(slots=True)
+class ArrayTally:
+    """An array with tasks in the owner: how many have not ended, and what the others did
+    (tasks that ended before a restart count through `Holds.seed`)."""
+
+    active: int = 0
+    failed: bool = False  # a task ended without success
+    started: bool = False  # a task has started
+
+    def state(self) -> tuple[State, bool]:
+        return array_state(self.active == 0, self.failed, self.started)
 
 
 @dataclass(slots=True)
@@ -64,7 +74,6 @@ class Held:
     empty once all are met, when only its array's throttle holds it."""
 
     job: Job
-    spec: JobSpec
     unmet: set[tuple[str, int]] | None = None
 
 
@@ -88,6 +97,7 @@ class Holds:
 
     jobs: dict[int, Held] = field(default_factory=dict)
     arrays: dict[int, Turns] = field(default_factory=dict)  # throttled arrays by id
+    tallies: dict[int, ArrayTally] = field(default_factory=dict)  # arrays with tasks here
     # dependency job id -> kind -> held jobs waiting on it (an array's id stands for its tasks)
     waiters: dict[int, dict[str, set[int]]] = field(default_factory=dict)
     dep_state: dict[int, str] = field(default_factory=dict)  # a waited-on job's state, last seen
@@ -114,64 +124,113 @@ class Holds:
             return "held: waiting for its turn"
         if h.unmet:
             waiting = [f"{kind}:{dep} ({self.dep_state.get(dep, '?')})"
-                       for kind, dep in h.spec.dependencies() if (kind, dep) in h.unmet]
+                       for kind, dep in h.job.dependencies if (kind, dep) in h.unmet]
             return f"held: dependency {', '.join(waiting)}"
         # Read without the loop's lock (the API's `show`): the array may have just ended.
-        turns = self.arrays.get(h.spec.array_id)  # type: ignore[arg-type]  # a throttled task
-        limit = turns.limit if turns is not None else throttle(h.spec)
-        return f"held: array {h.spec.array_id} runs at most {limit} tasks at a time"
+        turns = self.arrays.get(h.job.array_id)  # type: ignore[arg-type]  # a throttled task
+        limit = turns.limit if turns is not None else h.job.array_limit
+        return f"held: array {h.job.array_id} runs at most {limit} tasks at a time"
 
-    def needs_hold(self, spec: JobSpec) -> bool:
-        return bool(spec.dependencies()) or array_limit(spec) is not None
+    @staticmethod
+    def needs_hold(job: Job) -> bool:
+        """Whether a job that has never run waits here first."""
+        return bool(job.dependencies) or job.array_limit is not None
 
-    def hold(self, job: Job, spec: JobSpec) -> None:
-        self.jobs[job.id] = Held(job, spec)
-        limit = throttle(spec)
-        if limit is not None:
-            turns = self.arrays.get(spec.array_id)  # type: ignore[arg-type]
+    @staticmethod
+    def concerns(job: Job) -> bool:
+        """Whether the holds follow `job` (`submitted`, `moved`): a task of an array, or a job
+        with dependencies. Others matter only once a held job waits on them (`waiters`)."""
+        return bool(job.dependencies) or job.array_id is not None
+
+    # --- what the owner tells -----------------------------------------------------------------
+
+    def submitted(self, job: Job, held: bool) -> None:
+        """`job` is new to the owner (or taken back after a restart, not ended): held here, or
+        with the scheduler."""
+        if job.array_id is not None:
+            tally = self.tallies.get(job.array_id)
+            if tally is None:
+                tally = self.tallies[job.array_id] = ArrayTally()
+            tally.active += 1
+        if held:
+            self._hold(job)
+        else:
+            self._let_go(job)
+
+    def seed(self, array_id: int, failed: bool, started: bool) -> None:
+        """What an array's tasks that ended before a restart did (the owner has only the
+        others)."""
+        tally = self.tallies.get(array_id)
+        if tally is None:
+            tally = self.tallies[array_id] = ArrayTally()
+        tally.failed |= failed
+        tally.started |= started
+
+    def moved(self, job: Job, new: State) -> None:
+        """A job of the owner moved to `new`: jobs waiting on it (or on its array) look again;
+        an ended one leaves the holds, and frees its array's slot."""
+        aid = job.array_id
+        if aid is not None:
+            tally = self.tallies.get(aid)
+            if tally is not None:
+                if new is State.RUNNING:
+                    tally.started = True
+                elif new.terminal:
+                    tally.active -= 1
+                    tally.failed |= new is not State.SUCCEEDED
+            if aid in self.waiters:
+                self.touched.add(aid)
+        if job.id in self.waiters:
+            self.touched.add(job.id)
+        if new.terminal:
+            self._ended(job)
+
+    def drop_ended_arrays(self) -> None:
+        """Forget the arrays whose tasks have all ended (an owner that keeps no finished jobs:
+        its shell's record answers for them from then on)."""
+        for aid in [a for a, t in self.tallies.items() if t.active <= 0]:
+            del self.tallies[aid]
+
+    # --- internals ----------------------------------------------------------------------------
+
+    def _hold(self, job: Job) -> None:
+        self.jobs[job.id] = Held(job)
+        if job.array_limit is not None and job.array_id is not None:
+            turns = self.arrays.get(job.array_id)
             if turns is None:
-                turns = self.arrays[spec.array_id] = Turns(limit)  # type: ignore[index]
+                turns = self.arrays[job.array_id] = Turns(job.array_limit)
             turns.held += 1
         self.fresh.append(job.id)
 
-    def let_go(self, job_id: int, spec: JobSpec) -> None:
-        """`job_id` is with the scheduler now (released, or recovered as started before)."""
-        limit = throttle(spec)
-        if limit is not None:
-            turns = self.arrays.get(spec.array_id)  # type: ignore[arg-type]
+    def _let_go(self, job: Job) -> None:
+        """`job` is with the scheduler (released, or taken back as started before)."""
+        if job.array_limit is not None and job.array_id is not None:
+            turns = self.arrays.get(job.array_id)
             if turns is None:
-                turns = self.arrays[spec.array_id] = Turns(limit)  # type: ignore[index]
-            turns.active.add(job_id)
+                turns = self.arrays[job.array_id] = Turns(job.array_limit)
+            turns.active.add(job.id)
 
-    def changed(self, job_id: int, array_id: int | None = None) -> None:
-        """`job_id` changed state: the jobs waiting on it (or on its array) look again."""
-        if job_id in self.waiters:
-            self.touched.add(job_id)
-        if array_id is not None and array_id in self.waiters:
-            self.touched.add(array_id)
-
-    def ended(self, job_id: int, spec: JobSpec | None) -> None:
-        """A job has ended (or was cancelled): it may free a dependency or an array slot."""
-        h = self.jobs.pop(job_id, None)
+    def _ended(self, job: Job) -> None:
+        """A job has ended (or was cancelled): it may free an array slot."""
+        h = self.jobs.pop(job.id, None)
         if h is not None:
             self._forget(h)
-        array_id = spec.array_id if spec is not None else None
+        array_id = job.array_id
         turns = self.arrays.get(array_id) if array_id is not None else None
         if turns is not None:
-            if job_id in turns.active:
-                turns.active.discard(job_id)
+            if job.id in turns.active:
+                turns.active.discard(job.id)
                 self.freed.add(array_id)  # type: ignore[arg-type]
             if h is not None:
                 turns.held -= 1
             if not turns.held and not turns.active:
                 del self.arrays[array_id]  # type: ignore[arg-type]
                 self.freed.discard(array_id)  # type: ignore[arg-type]
-        self.changed(job_id, array_id)
 
-    def release(self, state_of: StateOf
-                ) -> tuple[list[tuple[Job, JobSpec]], list[tuple[int, str]]]:
-        """(held jobs that may go to the scheduler now, (job id, why) of held jobs whose
-        dependencies can never be met), each in id order. Both are removed from the holds."""
+    def release(self, state_of: StateOf) -> tuple[list[Job], list[tuple[int, str]]]:
+        """(held jobs that may go to the scheduler now, removed from the holds; (job id, why)
+        of held jobs whose dependencies can never be met, which leave once the owner has ended
+        them), each in id order."""
         seen: dict[int, tuple[State, bool] | None] = {}
 
         def look(dep: int) -> tuple[State, bool] | None:
@@ -189,7 +248,7 @@ class Holds:
             if h is None:  # cancelled before it was looked at
                 continue
             h.unmet = set()
-            for kind, dep in h.spec.dependencies():
+            for kind, dep in h.job.dependencies:
                 self.waiters.setdefault(dep, {}).setdefault(kind, set()).add(job_id)
                 h.unmet.add((kind, dep))
             why = self._settle(h, look)
@@ -231,20 +290,17 @@ class Holds:
         self.freed.clear()
         for h in go:
             del self.jobs[h.job.id]
-            turns = self.arrays.get(h.spec.array_id) if h.spec.array_id is not None else None
+            turns = self.arrays.get(h.job.array_id) if h.job.array_id is not None else None
             if turns is not None:
                 turns.held -= 1
-        for job_id in never:
-            h = self.jobs[job_id]
-            self.ended(job_id, h.spec)  # jobs waiting on it look again once it is stored
         self.examined = examined
         go.sort(key=lambda h: h.job.id)
-        return [(h.job, h.spec) for h in go], sorted(never.items())
+        return [h.job for h in go], sorted(never.items())
 
     def _settle(self, h: Held, look: Callable[[int], tuple[State, bool] | None]) -> str | None:
         """Look at `h`'s unmet dependencies, in the spec's order: drop those met, and return
         why the first that never can be met cannot (None if none)."""
-        for kind, dep in h.spec.dependencies():
+        for kind, dep in h.job.dependencies:
             if (kind, dep) not in h.unmet:  # type: ignore[operator]  # looked at: a set
                 continue
             found = look(dep)
@@ -259,12 +315,12 @@ class Holds:
 
     def _ready(self, h: Held, go: list[Held]) -> None:
         """`h`'s dependencies are all met: it goes, or waits for its array's turn."""
-        turns = self.arrays.get(h.spec.array_id) if h.spec.array_id is not None else None
+        turns = self.arrays.get(h.job.array_id) if h.job.array_id is not None else None
         if turns is None:
             go.append(h)
             return
         heapq.heappush(turns.ready, h.job.id)
-        self.freed.add(h.spec.array_id)  # type: ignore[arg-type]
+        self.freed.add(h.job.array_id)  # type: ignore[arg-type]
 
     def _unwait(self, job_id: int, kind: str, dep: int) -> None:
         kinds = self.waiters.get(dep)
