@@ -19,6 +19,8 @@ from rich.console import Console
 
 from plinth.core.errors import SpecError
 from plinth.core.spec import errors_message
+from plinth.fl.sim import plot
+from plinth.sim import report
 
 
 class SimSeries(BaseModel):
@@ -90,8 +92,6 @@ def _figure_png(fig: Any) -> str:
 
 def sim_view(data: Any) -> dict[str, Any]:
     """The CLI's results table (as HTML) and its two plots, from a `plinth sim --json` file."""
-    from plinth.sim import report
-
     rows = _check(SimRow, data, "sim results")
     plain = [r.model_dump(exclude={"series"}) for r in rows]
     console = Console(record=True, width=160, file=io.StringIO())
@@ -146,8 +146,6 @@ def _sim_plots(rows: list[SimRow]) -> list[str]:
 def fl_view(data: Any) -> dict[str, Any]:
     """Accuracy and loss per round, participants and failures, and ε against δ, from a
     `plinth fl sim --json` file, with `plinth.fl.sim.plot`'s plots."""
-    from plinth.fl.sim import plot
-
     result = _check(FLResult, data, "fl results")
     with tempfile.TemporaryDirectory(prefix="plinth-ui-") as d:
         plots = [_png(p) for p in plot(result.model_dump(), d)]

@@ -11,7 +11,7 @@ import itertools
 from dataclasses import dataclass
 from typing import Any
 
-from plinth.control.api import wall_times
+from plinth.control.routes.jobs import wall_times
 from plinth.control.auth import Principal
 from plinth.control.service import ControlPlane
 from plinth.sched.owner import Owner
