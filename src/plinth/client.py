@@ -21,10 +21,10 @@ from urllib.parse import quote
 
 import httpx
 
-from plinth.core.jobspec import JobSpec, job_to_run
 from plinth.core.errors import PlinthError
-from plinth.core.spec import load_spec, spec_from_dict
+from plinth.core.jobspec import JobSpec, job_to_run
 from plinth.core.lifecycle import State
+from plinth.core.spec import load_spec, spec_from_dict
 
 DEFAULT_SERVER = "http://127.0.0.1:8642"
 

@@ -13,9 +13,9 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 from starlette.concurrency import run_in_threadpool
 
+from plinth.control.auth import Auth, Principal
 from plinth.control.routes.deps import JobId
 from plinth.control.routes.jobs import wall_times
-from plinth.control.auth import Auth, Principal
 from plinth.control.service import Conflict, ControlPlane, NotFound
 from plinth.control.ui import results, views
 from plinth.core.errors import PlinthError, SpecError
