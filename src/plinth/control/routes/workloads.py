@@ -31,7 +31,9 @@ router = APIRouter(tags=["workloads"])
 
 UNIT_KINDS = CONTROLLERS.names()  # the kinds with several units: Service, FLTask, Tune
 KINDS = ("Job", *UNIT_KINDS)
-WORKLOAD_STATES = ("active",)  # a workload of several units: active, then as a job ends
+# A workload of several units is active while it runs, and ends as a job does (succeeded,
+# failed, cancelled).
+WORKLOAD_STATES = ("active",)
 
 Ref = Annotated[str, Path(max_length=64, description="a job's id (12), a task of an array "
                                                      "(12_5), or a workload's name")]
@@ -163,10 +165,11 @@ def list_workloads(
     page = [workload_out(cp, r) for r in others[offset:offset + limit]]
     total = len(others)
     if "Job" in kinds:
-        asked = [s for s in State if s.value in states] if states else None
-        filters = {"tenant": owner, "name": name, "array": array,
-                   "states": asked if states else None if all else
-                   [s for s in State if s not in TERMINAL]}
+        if states:
+            wanted: list[State] | None = [s for s in State if s.value in states]
+        else:
+            wanted = None if all else [s for s in State if s not in TERMINAL]
+        filters = {"tenant": owner, "name": name, "array": array, "states": wanted}
         total += cp.store.count_jobs(**filters)
         room = limit - len(page)
         if room > 0:
