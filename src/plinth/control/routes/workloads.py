@@ -39,11 +39,11 @@ Ref = Annotated[str, Path(max_length=64, description="a job's id (12), a task of
                                                      "(12_5), or a workload's name")]
 
 
-class OtherSpec(BaseModel):
+class OtherKindSpec(BaseModel):
     """A spec of a kind with several units, checked by that kind's own model (see
     plinth.core.spec): `kind: Service`, `FLTask` or `Tune`."""
 
-    model_config = ConfigDict(extra="allow", strict=True, title="WorkloadSpec")
+    model_config = ConfigDict(extra="allow", strict=True)
 
     kind: Annotated[str, Field(json_schema_extra={"not": {"const": "Job"}})]
 
@@ -55,7 +55,7 @@ def _spec_kind(body: Any) -> str:
 
 # A Job's spec is checked as the body is read (it is the hot path); another kind's by its
 # kind's model. The tags must be errors.UNION_TAGS.
-SpecIn = Annotated[Annotated[JobSpec, Tag("Job")] | Annotated[OtherSpec, Tag("other")],
+SpecIn = Annotated[Annotated[JobSpec, Tag("Job")] | Annotated[OtherKindSpec, Tag("other")],
                    Discriminator(_spec_kind)]
 
 
@@ -127,7 +127,7 @@ async def submit(spec: SpecIn, cp: CP, who: Who) -> dict:
     return await asyncio.to_thread(_submit_units, cp, spec, who)
 
 
-def _submit_units(cp: ControlPlane, body: OtherSpec, who: Principal) -> dict:
+def _submit_units(cp: ControlPlane, body: OtherKindSpec, who: Principal) -> dict:
     spec = spec_from_dict({**(body.model_extra or {}), "kind": body.kind}, source="")
     check_kind(spec)
     if jobs.JOB_REF.match(spec.name):

@@ -19,7 +19,6 @@ from rich.console import Console
 
 from plinth.core.errors import SpecError
 from plinth.core.spec import errors_message
-from plinth.fl.sim import plot
 from plinth.sim import report
 
 
@@ -146,6 +145,11 @@ def _sim_plots(rows: list[SimRow]) -> list[str]:
 def fl_view(data: Any) -> dict[str, Any]:
     """Accuracy and loss per round, participants and failures, and ε against δ, from a
     `plinth fl sim --json` file, with `plinth.fl.sim.plot`'s plots."""
+    # Here, not at the top: plinth.fl.sim brings the FL aggregation engine, whose numba kernels
+    # are compiled with an on-disk cache at import, and `plinth up` must start where its user
+    # has no place for one (as `nobody`); only this page needs it.
+    from plinth.fl.sim import plot
+
     result = _check(FLResult, data, "fl results")
     with tempfile.TemporaryDirectory(prefix="plinth-ui-") as d:
         plots = [_png(p) for p in plot(result.model_dump(), d)]
