@@ -132,12 +132,15 @@ class Client:
                           json=spec.submitted(base).model_dump(mode="json", exclude_none=True))
 
     def submit(self, spec: JobSpec | dict | str | Path, *, base: Path | None = None) -> int:
-        """`submit_workload` for a Job; returns its id."""
+        """`submit_workload` for a Job; returns its id. A spec of another kind is a one-line
+        error that says to submit it with `submit_workload`."""
         if isinstance(spec, (str, Path)):
             base = Path(spec).parent
             spec = job_to_run(load_spec(Path(spec)), str(spec))
         elif isinstance(spec, dict):
             spec = job_to_run(spec_from_dict(spec, source="job spec"), "job spec")
+        else:
+            spec = job_to_run(spec, "job spec")
         return int(self.submit_workload(spec, base=base)["id"])
 
     def workloads(self, *, all: bool = False, kinds: list[str] | None = None,
