@@ -63,7 +63,7 @@ def throughput(url: str, token: str, jobs: int, threads: int, server_pid: int
         conn = http.client.HTTPConnection(host, int(port))
         for _ in range(per):
             t = time.perf_counter()
-            conn.request("POST", "/v1/jobs", body=body, headers=headers)
+            conn.request("POST", "/v1/workloads", body=body, headers=headers)
             r = conn.getresponse()
             r.read()
             if r.status != 201:
@@ -115,8 +115,9 @@ def array_to_finish(url: str, token: str, tasks: int) -> float:
 
 
 def ls_latency(url: str, token: str, stored: int, runs: int = 5) -> tuple[int, float, float]:
-    """(jobs stored, ms for one `GET /v1/jobs?all` page of 1000, s for a whole `plinth ls -a`)
-    once at least `stored` jobs are stored (more are queued as one array behind the hog)."""
+    """(jobs stored, ms for one `GET /v1/workloads?kind=Job&all` page of 1000, s for a whole
+    `plinth ls -a`) once at least `stored` jobs are stored (more are queued as one array behind
+    the hog)."""
     import os
     import subprocess
 
@@ -209,7 +210,8 @@ def main() -> None:
     t.add_row("submit-to-launch-decision p99 (ms)", f"{results['decision_p99_ms']:.1f}", "< 100")
     t.add_row("submit-to-launch-decision max (ms)", f"{results['decision_max_ms']:.1f}", "")
     t.add_row(f"{args.array_tasks}-task array, submit to last end (s)", f"{array_s:.1f}", "")
-    t.add_row(f"GET /v1/jobs page of 1000, {stored} jobs stored (ms)", f"{ls_page_ms:.0f}", "")
+    t.add_row(f"GET /v1/workloads?kind=Job page of 1000, {stored} jobs stored (ms)",
+              f"{ls_page_ms:.0f}", "")
     t.add_row(f"`plinth ls -a`, {stored} jobs stored (s, the whole command)", f"{ls_cli_s:.2f}",
               "")
     if users:

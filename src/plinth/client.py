@@ -17,14 +17,15 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
+from plinth.core.errors import PlinthError
 from plinth.control.kinds import job_to_run
 from plinth.core.jobspec import JobSpec
-from plinth.core.errors import PlinthError
-from plinth.core.spec import load_spec, spec_from_dict
 from plinth.core.lifecycle import State
+from plinth.core.spec import load_spec, spec_from_dict
 
 DEFAULT_SERVER = "http://127.0.0.1:8642"
 
@@ -38,6 +39,15 @@ def default_token() -> str | None:
         return os.environ["PLINTH_TOKEN"]
     path = plinth_home() / "token"
     return path.read_text().strip() if path.exists() else None
+
+
+def workload_path(ref: str | int) -> str:
+    """The API's path of a workload: a job by id (12, or 12_5 for a task of an array), or a
+    workload of another kind by name."""
+    if not str(ref).strip():
+        raise PlinthError("JOB: give a job id (12, or 12_5 for a task of an array) or a "
+                          "workload's name")
+    return f"/v1/workloads/{quote(str(ref), safe='')}"
 
 
 def check_token(token: str | None) -> str | None:
@@ -103,29 +113,17 @@ class Client:
             raise ApiError(r.status_code, f"{detail} (HTTP {r.status_code})")
         return r
 
-    # --- jobs ---------------------------------------------------------------------------------
-
-    def submit(self, spec: JobSpec | dict | str | Path, *, base: Path | None = None) -> int:
-        """Submit a spec (a JobSpec, a dict, or a YAML path); returns the job id. As with
-        sbatch, the job runs in the directory it is submitted from unless it names one. A
-        command argument that names a file next to the spec (`train.py` beside `train.yaml`)
-        is made absolute, so a spec runs from any directory; `base` is the spec's folder when
-        `spec` is not a path."""
-        if isinstance(spec, (str, Path)):
-            base = Path(spec).parent
-            spec = job_to_run(load_spec(Path(spec)), str(spec))
-        elif isinstance(spec, dict):
-            spec = job_to_run(spec_from_dict(spec, source="job spec"), "job spec")
-        body = spec.submitted(base).model_dump(mode="json", exclude_none=True)
-        return int(self._call("POST", "/v1/jobs", json=body)["id"])
-
-    # --- workloads of several units (Service, ...) -------------------------------------------
+    # --- workloads: every kind, a Job the simplest ---------------------------------------------
 
     def submit_workload(self, spec: Any, *, base: Path | None = None) -> dict:
-        """Submit a spec of a kind with several units (a ServiceSpec, a dict, or a YAML path);
-        returns the workload as the API shows it. A Service's model is checked here first:
-        it is loaded and timed once (one line naming the field if it fails), and a model file
-        or MODULE beside the spec is found from any directory."""
+        """Submit a spec of any kind (a JobSpec, a ServiceSpec, ..., a dict, or a YAML path);
+        returns the answer: a Job's `id` (an array's: its first task's, and `tasks`), or
+        another kind's workload as `workload` shows it. As with sbatch, a job runs in the
+        directory it is submitted from unless it names one, and a command argument that names
+        a file next to the spec (`train.py` beside `train.yaml`) is made absolute, so that a
+        spec runs from any directory; `base` is the spec's folder when `spec` is not a path. A
+        Service's model is checked here first: it is loaded and timed once (one line naming
+        the field if it fails)."""
         if isinstance(spec, (str, Path)):
             base = Path(spec).parent
             spec = load_spec(Path(spec))
@@ -134,14 +132,67 @@ class Client:
         return self._call("POST", "/v1/workloads",
                           json=spec.submitted(base).model_dump(mode="json", exclude_none=True))
 
-    def workloads(self, *, all: bool = False) -> list[dict]:
-        return self._call("GET", "/v1/workloads", params={"all": all})
+    def submit(self, spec: JobSpec | dict | str | Path, *, base: Path | None = None) -> int:
+        """`submit_workload` for a Job; returns its id. A spec of another kind is a one-line
+        error that says to submit it with `submit_workload`."""
+        if isinstance(spec, (str, Path)):
+            base = Path(spec).parent
+            spec = job_to_run(load_spec(Path(spec)), str(spec))
+        elif isinstance(spec, dict):
+            spec = job_to_run(spec_from_dict(spec, source="job spec"), "job spec")
+        else:
+            spec = job_to_run(spec, "job spec")
+        return int(self.submit_workload(spec, base=base)["id"])
 
-    def workload(self, ref: str) -> dict:
-        return self._call("GET", f"/v1/workloads/{ref}")
+    def workloads(self, *, all: bool = False, kinds: list[str] | None = None,
+                  tenant: str | None = None) -> list[dict]:
+        """Workloads of these kinds (every kind if None): those of several units first, then
+        jobs, each newest first; active ones, or all with `all=True`."""
+        return self.workloads_page(all=all, kinds=kinds, tenant=tenant)[0]
 
-    def cancel_workload(self, ref: str) -> dict:
-        return self._call("POST", f"/v1/workloads/{ref}/cancel")
+    def workloads_page(self, *, all: bool = False, kinds: list[str] | None = None,
+                       tenant: str | None = None, states: list[str] | None = None,
+                       name: str | None = None, array: int | None = None, limit: int = 1000,
+                       offset: int = 0) -> tuple[list[dict], int]:
+        """(`limit` workloads from `offset`; how many match in all). Filters: `kinds`,
+        `tenant`, `states` (any of them; implies `all`), `name`, `array` (its tasks)."""
+        params: dict[str, Any] = {"all": all, "limit": limit, "offset": offset}
+        for key, value in (("kind", kinds), ("tenant", tenant), ("state", states),
+                           ("name", name), ("array", array)):
+            if value:
+                params[key] = value
+        r = self._send("GET", "/v1/workloads", params=params)
+        return r.json(), int(r.headers.get("X-Total-Count", 0))
+
+    def workload(self, ref: str | int) -> dict:
+        """A workload by its reference: a job's id (12, or 12_5 for a task of an array), or
+        another kind's name."""
+        return self._call("GET", workload_path(ref))
+
+    def cancel_workload(self, ref: str | int, *, array: bool = False) -> dict:
+        """Cancel a workload; with `array`, every task of the array the job `ref` heads (if
+        it heads one). Returns the answer, with its state afterwards."""
+        return self._call("DELETE", workload_path(ref),
+                          params={"array": True} if array else None)
+
+    # --- jobs: the Job kind, by id ------------------------------------------------------------
+
+    def jobs(self, *, all: bool = False, tenant: str | None = None, limit: int = 1000,
+             **filters: Any) -> list[dict]:
+        """Jobs, newest first: active ones, or all with `all=True`; see `jobs_page`."""
+        return self.jobs_page(all=all, tenant=tenant, limit=limit, **filters)[0]
+
+    def jobs_page(self, **filters: Any) -> tuple[list[dict], int]:
+        """`workloads_page` of jobs alone (the jobs of other kinds' units among them)."""
+        return self.workloads_page(kinds=["Job"], **filters)
+
+    def job(self, job_id: int | str) -> dict:
+        return self.workload(job_id)
+
+    def cancel(self, job_id: int | str, *, array: bool = False) -> str:
+        """Cancel a job; with `array`, every task of the array `job_id` heads (if it heads
+        one). Returns the job's state afterwards."""
+        return self.cancel_workload(job_id, array=array)["state"]
 
     def wait_all(self, job_id: int, timeout: float = 600.0, poll_s: float = 0.2) -> str:
         """`wait` for a job, or for every task of the array it heads; returns its state, or
@@ -157,42 +208,15 @@ class Client:
         ends = {j["state"] for j in self.jobs(array=job_id, all=True, limit=10000)}
         return next(s for s in ("failed", "cancelled", "timeout", "succeeded") if s in ends)
 
-    def jobs(self, *, all: bool = False, tenant: str | None = None, limit: int = 1000,
-             **filters: Any) -> list[dict]:
-        """Jobs, newest first: active ones, or all with `all=True`; see `jobs_page`."""
-        return self.jobs_page(all=all, tenant=tenant, limit=limit, **filters)[0]
+    def logs(self, job_id: int | str, offset: int = 0) -> str:
+        return self._call("GET", workload_path(job_id) + "/logs",
+                          params={"offset": offset})["data"]
 
-    def jobs_page(self, *, all: bool = False, tenant: str | None = None,
-                  states: list[str] | None = None, name: str | None = None,
-                  array: int | None = None, limit: int = 1000, offset: int = 0
-                  ) -> tuple[list[dict], int]:
-        """(`limit` jobs from `offset`, newest first; how many match in all). Filters:
-        `tenant`, `states` (any of them; implies `all`), `name`, `array` (its tasks)."""
-        params: dict[str, Any] = {"all": all, "limit": limit, "offset": offset}
-        for key, value in (("tenant", tenant), ("state", states), ("name", name),
-                           ("array", array)):
-            if value:
-                params[key] = value
-        r = self._send("GET", "/v1/jobs", params=params)
-        return r.json(), int(r.headers.get("X-Total-Count", 0))
-
-    def job(self, job_id: int) -> dict:
-        return self._call("GET", f"/v1/jobs/{job_id}")
-
-    def cancel(self, job_id: int, *, array: bool = False) -> str:
-        """Cancel a job; with `array`, every task of the array `job_id` heads (if it heads
-        one). Returns the job's state afterwards."""
-        return self._call("POST", f"/v1/jobs/{job_id}/cancel",
-                          params={"array": True} if array else None)["state"]
-
-    def logs(self, job_id: int, offset: int = 0) -> str:
-        return self._call("GET", f"/v1/jobs/{job_id}/logs", params={"offset": offset})["data"]
-
-    def follow(self, job_id: int, poll_s: float = 0.25) -> Iterator[str]:
+    def follow(self, job_id: int | str, poll_s: float = 0.25) -> Iterator[str]:
         """Yield log text as it is written, until the job has finished (`logs -f`)."""
         offset = 0
         while True:
-            chunk = self._call("GET", f"/v1/jobs/{job_id}/logs", params={"offset": offset})
+            chunk = self._call("GET", workload_path(job_id) + "/logs", params={"offset": offset})
             if chunk["data"]:
                 yield chunk["data"]
             offset = chunk["offset"]

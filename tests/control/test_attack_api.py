@@ -44,23 +44,23 @@ def test_a_job_of_any_kind_asks_for_some_cpu_and_memory(shared_platform) -> None
                                   ({"cpus": 0}, "resources.cpus: must be > 0 (got 0)"),
                                   ({"memory": 0}, "resources.memory: must be > 0 (got 0)"),
                                   ({"memory": "0Gi"}, "resources.memory: must be > 0 (got 0)")):
-            refused(h.post("/v1/jobs", json={"command": ["true"], "resources": resources}),
+            refused(h.post("/v1/workloads", json={"command": ["true"], "resources": resources}),
                     detail)
         refused(h.post("/v1/workloads", json={**service, "resources": {"cpus": 0}}),
                 "resources.cpus: must be > 0 (got 0)")
         refused(h.post("/v1/workloads", json={"kind": "FLTask", "resources": {"memory": 0}}),
                 "resources.memory: must be > 0 (got 0)")
         # Without resources a job gets the documented defaults: 1 CPU and 4 GiB.
-        r = h.post("/v1/jobs", json={"name": "defaults", "command": ["true"]})
+        r = h.post("/v1/workloads", json={"name": "defaults", "command": ["true"]})
         assert r.status_code == 201, r.text
-        spec = h.get(f"/v1/jobs/{r.json()['id']}").json()["spec"]
+        spec = h.get(f"/v1/workloads/{r.json()['id']}").json()["spec"]
         assert (spec["resources"]["cpus"], spec["resources"]["memory"]) == (1.0, 4096)
 
 
 def test_quotas_are_bounded_and_finite_and_scheduling_goes_on(shared_platform, wait_for) -> None:
     """Finding 11: a quota of 1e308 GPUs was answered 200, and then every pass failed."""
     with api(shared_platform) as h:
-        before = h.post("/v1/jobs", json={"name": "before", "command": ["true"],
+        before = h.post("/v1/workloads", json={"name": "before", "command": ["true"],
                                           "resources": {"gpus": 1}}).json()["id"]
         refused(h.put("/v1/tenants/huge", json={"gpus": 1e308}),
                 "gpus: must be <= 1048576 (got 1e+308)")
@@ -72,12 +72,12 @@ def test_quotas_are_bounded_and_finite_and_scheduling_goes_on(shared_platform, w
                           headers={"Content-Type": "application/json"}),
                     f"gpus: must be a finite number (got {got})")
         # Other numbers of a job that the store or the scheduler could not hold.
-        refused(h.post("/v1/jobs", json={"command": ["true"], "array": "0,4294967296"}),
+        refused(h.post("/v1/workloads", json={"command": ["true"], "array": "0,4294967296"}),
                 "array: an index is at most 2147483647, got 4294967296 in '0,4294967296'")
-        refused(h.post("/v1/jobs", json={"command": ["true"], "max_runtime": 1e300}),
+        refused(h.post("/v1/workloads", json={"command": ["true"], "max_runtime": 1e300}),
                 "max_runtime: must be <= 315360000 s (got 1e+300 s)")
         assert "huge" not in [t["name"] for t in h.get("/v1/tenants").json()]
-        after = h.post("/v1/jobs", json={"name": "after", "command": ["true"],
+        after = h.post("/v1/workloads", json={"name": "after", "command": ["true"],
                                          "resources": {"gpus": 1}}).json()["id"]
     assert started(shared_platform, before, wait_for)
     assert started(shared_platform, after, wait_for)
@@ -97,18 +97,18 @@ def test_a_quota_stored_before_the_bound_does_not_stop_scheduling(platform, wait
 
 
 def test_a_log_offset_past_the_end_answers_416(shared_platform, wait_for) -> None:
-    """Finding 12: `GET /v1/jobs/{id}/logs?offset=<huge>` answered 500."""
+    """Finding 12: `GET /v1/jobs/{id}/logs?offset=<huge>` (now /v1/workloads/{ref}/logs) answered 500."""
     with shared_platform.client() as c:
         job = c.submit({"name": "hello", "command": ["echo", "hello"]})
     ended(shared_platform, job, wait_for)
     with api(shared_platform) as h:
-        size = h.get(f"/v1/jobs/{job}/logs").json()["offset"]  # the whole log, in bytes
+        size = h.get(f"/v1/workloads/{job}/logs").json()["offset"]  # the whole log, in bytes
         assert size > 0  # the platform's line that the attempt starts, at least
-        r = h.get(f"/v1/jobs/{job}/logs", params={"offset": BIG_OFFSET})
+        r = h.get(f"/v1/workloads/{job}/logs", params={"offset": BIG_OFFSET})
         refused(r, f"offset: {BIG_OFFSET} is past the end of job {job}'s log ({size} bytes)",
                 416)
         assert r.headers["content-range"] == f"bytes */{size}"
-        r = h.get(f"/v1/jobs/{job}/logs", params={"offset": size})  # the end: nothing more
+        r = h.get(f"/v1/workloads/{job}/logs", params={"offset": size})  # the end: nothing more
         assert r.json() == {"data": "", "offset": size, "done": True}
 
 
@@ -123,9 +123,9 @@ def test_bodies_are_strict_so_true_is_not_a_number(shared_platform) -> None:
         assert len(h.get("/v1/tokens").json()) == tokens  # none was made
         refused(h.put("/v1/tenants/strict", json={"gpus": True}),
                 "gpus: input should be a valid number (got True)")
-        refused(h.post("/v1/jobs", json={"command": ["true"], "workers": True}),
+        refused(h.post("/v1/workloads", json={"command": ["true"], "workers": True}),
                 "workers: input should be a valid integer (got True)")
-        refused(h.post("/v1/jobs", json={"command": ["true"], "resources": {"gpus": "1"}}),
+        refused(h.post("/v1/workloads", json={"command": ["true"], "resources": {"gpus": "1"}}),
                 "resources.gpus: input should be a valid integer (got '1')")
 
 
@@ -136,12 +136,12 @@ def test_every_status_a_route_answers_is_documented(shared_platform) -> None:
         documented = {(m.upper(), path): set(map(int, op["responses"]))
                       for path, ops in paths.items() for m, op in ops.items()}
         assert documented[("GET", "/v1/health")] == {200}  # no token, no parameters
-        assert 416 in documented[("GET", "/v1/jobs/{job_id}/logs")]
+        assert 416 in documented[("GET", "/v1/workloads/{ref}/logs")]
         # Statuses the body routes answer before a route runs, each seen here.
-        seen = {h.post("/v1/jobs", content=b"\xff{", headers={
+        seen = {h.post("/v1/workloads", content=b"\xff{", headers={
                     "Content-Type": "application/json"}).status_code,  # not JSON: 400
-                h.post("/v1/jobs", content=iter([b"{}"])).status_code,  # chunked: 411
-                h.post("/v1/jobs", content=b"x" * (2 << 20)).status_code}  # over the cap: 413
+                h.post("/v1/workloads", content=iter([b"{}"])).status_code,  # chunked: 411
+                h.post("/v1/workloads", content=b"x" * (2 << 20)).status_code}  # over the cap: 413
         assert seen == {400, 411, 413}
         for (method, path), codes in documented.items():
             if method in ("POST", "PUT"):

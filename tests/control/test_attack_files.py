@@ -80,7 +80,8 @@ def _tree(folder: Path) -> dict[str, tuple]:
 
 def _next_workload(p: Platform) -> int:
     with p.client() as admin:
-        return max((w["id"] for w in admin.workloads(all=True)), default=0) + 1
+        return max((w["id"] for w in admin.workloads(all=True) if w["kind"] != "Job"),
+                   default=0) + 1
 
 
 def _plant(p: Platform, script: str) -> None:

@@ -138,8 +138,8 @@ def test_the_api_answers_every_fuzzed_request_as_documented(fuzzed) -> None:
         op = result.ok()
         for mode in GenerationMode:
             for who, token in tokens.items():
-                # Random ids find no job (404); its own job's id is tried as well.
-                for fixed in ({}, {"job_id": jobs[who]}) if "{job_id}" in op.path else ({},):
+                # Random refs find no workload (404); its own job's id is tried as well.
+                for fixed in ({}, {"ref": str(jobs[who])}) if "{ref}" in op.path else ({},):
                     try:
                         fuzz(op, mode, token, calls, **fixed)
                     except (Exception, BaseExceptionGroup) as e:  # noqa: BLE001 -- all reported

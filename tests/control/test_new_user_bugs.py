@@ -33,7 +33,7 @@ def test_1_a_job_without_gpus_runs(shared_platform, tmp_path) -> None:
 ])
 def test_2_inputs_that_wedged_a_job_are_refused_at_submit(shared_platform, spec, field) -> None:
     body = {"name": "wedge", "command": ["true"], **spec}
-    r = httpx.post(f"{shared_platform.url}/v1/jobs", json=body,
+    r = httpx.post(f"{shared_platform.url}/v1/workloads", json=body,
                    headers={"Authorization": f"Bearer {shared_platform.token}"})
     assert r.status_code == 422 and r.json()["detail"].startswith(field)
     with shared_platform.client() as c:  # never stored, so never seen by the control loop
@@ -175,7 +175,7 @@ def test_5_and_9_bad_up_options_are_one_line(tmp_path) -> None:
 
 def test_6_request_bodies_are_capped(shared_platform) -> None:
     body = {"name": "big", "command": ["true"], "env": {"BIG": "x" * (2 << 20)}}
-    r = httpx.post(f"{shared_platform.url}/v1/jobs", json=body,
+    r = httpx.post(f"{shared_platform.url}/v1/workloads", json=body,
                    headers={"Authorization": f"Bearer {shared_platform.token}"})
     assert r.status_code == 413 and "the limit is 1048576 bytes" in r.json()["detail"]
     with shared_platform.client() as c:

@@ -74,11 +74,11 @@ def test_never_fits_is_rejected_at_submit(shared_platform) -> None:
 def test_bad_input_over_http_names_the_field(shared_platform) -> None:
     headers = {"Authorization": f"Bearer {shared_platform.token}"}
     bad = {"name": "x", "command": ["true"], "resources": {"gpus": -1}}
-    r = httpx.post(f"{shared_platform.url}/v1/jobs", json=bad, headers=headers)
+    r = httpx.post(f"{shared_platform.url}/v1/workloads", json=bad, headers=headers)
     assert r.status_code == 422 and r.json()["detail"].startswith("resources.gpus:")
-    r = httpx.post(f"{shared_platform.url}/v1/jobs", content=b"{not json", headers=headers)
+    r = httpx.post(f"{shared_platform.url}/v1/workloads", content=b"{not json", headers=headers)
     assert r.status_code == 422
-    r = httpx.post(f"{shared_platform.url}/v1/jobs", json={"name": "x", "command": ["true"],
+    r = httpx.post(f"{shared_platform.url}/v1/workloads", json={"name": "x", "command": ["true"],
                                                           "colour": "red"}, headers=headers)
     assert r.status_code == 422 and "colour" in r.json()["detail"]
 
@@ -121,9 +121,9 @@ def test_tenants_cannot_touch_each_other(shared_platform) -> None:
             b.tenants()
         assert e.value.status == 403
         assert a.cancel(j) in ("cancelled", "stopping")
-    r = httpx.get(f"{shared_platform.url}/v1/jobs")
+    r = httpx.get(f"{shared_platform.url}/v1/workloads")
     assert r.status_code == 401
-    r = httpx.get(f"{shared_platform.url}/v1/jobs", headers={"Authorization": "Bearer nope"})
+    r = httpx.get(f"{shared_platform.url}/v1/workloads", headers={"Authorization": "Bearer nope"})
     assert r.status_code == 401
 
 

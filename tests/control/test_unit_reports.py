@@ -133,7 +133,7 @@ def test_a_unit_reports_with_its_own_token_and_nothing_else_gets_in(plane, wait_
         r = post({"value": 8}, credential)
         assert r.status_code == 401, (credential, r.text)
     # The unit's token is for reports only: it is no API token.
-    assert http.get("/v1/jobs", headers={"Authorization": f"Bearer {token}"}).status_code == 401
+    assert http.get("/v1/workloads", headers={"Authorization": f"Bearer {token}"}).status_code == 401
     # A body its controller does not take: one line naming the field.
     r = post({"value": -1}, token)
     assert r.status_code == 422 and "value" in r.json()["detail"] and "\n" not in r.text

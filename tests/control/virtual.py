@@ -119,7 +119,7 @@ class VirtualPlatform:
                                         headers={"Authorization": f"Bearer {token}"}))
 
     def job(self, job_id: int) -> dict:
-        r = self.http.get(f"/v1/jobs/{job_id}")
+        r = self.http.get(f"/v1/workloads/{job_id}")
         assert r.status_code == 200, r.text
         return r.json()
 

@@ -134,7 +134,8 @@ def test_api_answers_a_bad_kind_with_one_line(tmp_path) -> None:
     token = auth.bootstrap(tmp_path)
     cp = ControlPlane(store, LocalRuntime(tmp_path / "runtime", fake_gpus="1xA100"), home=tmp_path)
     with TestClient(create_app(cp, auth)) as http:
-        r = http.post("/v1/jobs", json={**BASE, "kind": "Service"},
+        r = http.post("/v1/workloads", json={**BASE, "kind": "Nope"},
                       headers={"Authorization": f"Bearer {token}"})
     assert r.status_code == 422
-    assert r.json()["detail"] == "kind: input should be 'Job' (got 'Service')"
+    assert r.json()["detail"] == ("kind: unknown kind 'Nope'; choose one of: Job, Service, "
+                                  "FLTask, Tune, Cluster")

@@ -20,7 +20,7 @@ from plinth.core.errors import PlinthError, SpecError
 from plinth.core.lifecycle import State
 
 err = Console(stderr=True)
-API_LIMIT = 10000  # the most jobs `GET /v1/jobs` returns at once
+API_LIMIT = 10000  # the most jobs `GET /v1/workloads` returns at once
 NOTES_SHOWN = 20
 
 

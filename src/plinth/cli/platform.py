@@ -14,6 +14,7 @@ from rich.table import Table
 from plinth.cli.tables import fl_table, nodes_table, services_table
 from plinth.cli.tables import ms as _ms
 from plinth.client import Client, plinth_home
+from plinth.control.kinds import CONTROLLERS, check_kind
 from plinth.core.errors import PlinthError
 
 console = Console()
@@ -97,9 +98,8 @@ def submit(specs: Annotated[list[Path], typer.Argument(help="Job spec YAML files
                "--dependency", "-d", help="As sbatch: afterok:12:13,after:9 (kinds after, "
                                           "afterany, afterok, afternotok).")] = None,
            server: Server = None, token: Token = None) -> None:
-    """Submit jobs, and workloads of other kinds (a Service); prints each one's id."""
-    from plinth.control.kinds import check_kind
-    from plinth.core.jobspec import JobSpec, parse_array
+    """Submit workloads of any kind: jobs, services, FL tasks, tuning; prints each one's id."""
+    from plinth.core.jobspec import JobSpec
     from plinth.core.spec import load_spec
 
     loaded = [load_spec(path) for path in specs]  # all checked, then sent
@@ -114,16 +114,16 @@ def submit(specs: Annotated[list[Path], typer.Argument(help="Job spec YAML files
                   if isinstance(j, JobSpec) else j for j in loaded]
     with Client(server, token) as c:
         ids = []
-        for path, job in zip(specs, loaded):
-            if not isinstance(job, JobSpec):
-                w = c.submit_workload(job, base=path.parent)
+        for path, spec in zip(specs, loaded):
+            w = c.submit_workload(spec, base=path.parent)
+            if w["kind"] != "Job":
                 where = f" at {w['status']['url']}" if w["status"].get("url") else ""
                 console.print(f"Submitted {w['kind']} {w['name']} (workload {w['id']}, "
                               f"{path}){where}", highlight=False)
                 continue
-            ids.append(c.submit(job, base=path.parent))
-            what = f"array job {ids[-1]} ({len(parse_array(job.array)[0])} tasks)" \
-                if job.array else f"job {ids[-1]}"
+            ids.append(w["id"])
+            what = f"array job {w['id']} ({w['tasks']} tasks)" if w.get("tasks") else \
+                f"job {w['id']}"
             console.print(f"Submitted {what} ({path})", highlight=False)
         if wait:
             codes = [exit_code(c, job_id) for job_id in ids]
@@ -155,21 +155,6 @@ def exit_code(c: Client, job_id: int) -> int:
                                                j["reason"] and len(tasks) == 1 else ""),
                   highlight=False)
     return max((0 if t["state"] == "succeeded" else t["exit_code"] or 1) for t in tasks)
-
-
-def job_ref(c: Client, ref: str) -> int:
-    """A job id from `12`, or from `12_5` (task 5 of array 12) as Slurm writes it."""
-    head, _, index = ref.partition("_")
-    if not head.isdigit() or (index and not index.isdigit()):
-        raise PlinthError(f"JOB: expected an id like 12, or 12_5 for task 5 of array 12; "
-                          f"got {ref!r}")
-    if not index:
-        return int(head)
-    task = next((t for t in c.jobs(array=int(head), all=True, limit=10000)
-                 if t["array_index"] == int(index)), None)
-    if task is None:
-        raise PlinthError(f"job {ref} not found")
-    return int(task["id"])
 
 
 def group_arrays(jobs: list[dict]) -> list[dict]:
@@ -277,14 +262,15 @@ def ls(all: Annotated[bool, typer.Option("--all", "-a", help="Include finished j
                                                                   "job array.")] = False,
        output: Output = "table", server: Server = None, token: Token = None) -> None:
     """The queue, as squeue shows it: pending, running and stopping jobs (all with --all)."""
+    table = output in ("table", "wide")
     with Client(server, token) as c:
         jobs, total = c.jobs_page(all=all, tenant=tenant, states=state, name=name, limit=limit,
                                   offset=(page - 1) * limit)
-    table = output in ("table", "wide")
+        # the other kinds' tables: every one of them, on each page
+        ws = c.workloads(all=all, tenant=tenant, kinds=list(CONTROLLERS.names())) \
+            if table and not name and not state else []
     print_jobs(group_arrays(jobs) if table and not expand else jobs, output)
-    if table and not name and not state:
-        with Client(server, token) as c:
-            ws = [w for w in c.workloads(all=all) if tenant is None or w["tenant"] == tenant]
+    if ws:
         from plinth.cli.tune import tune_table
 
         for kind in (services_table([w for w in ws if w["kind"] == "Service"],
@@ -307,10 +293,6 @@ def ls(all: Annotated[bool, typer.Option("--all", "-a", help="Include finished j
 JobRef = Annotated[str, typer.Argument(metavar="JOB", help="A job id, or ARRAY_INDEX "
                                                             "for a task of an array; or a "
                                                             "service's name.")]
-
-
-def is_job_ref(ref: str) -> bool:
-    return ref.replace("_", "").isdigit()
 
 
 def show_workload(w: dict) -> None:
@@ -367,10 +349,10 @@ def show(job: JobRef, server: Server = None, token: Token = None) -> None:
     import yaml
 
     with Client(server, token) as c:
-        if not is_job_ref(job):
-            show_workload(c.workload(job))
-            return
-        j = c.job(job_ref(c, job))
+        j = c.workload(job)
+    if j["kind"] != "Job":
+        show_workload(j)
+        return
     console.print(f"[bold]job {j['id']}[/] {j['name']}  tenant {j['tenant']}  state "
                   f"[{STATE_STYLE.get(j['state'], '')}]{j['state']}[/]  attempt {j['attempt']}  "
                   f"preemptions {j['preemptions']}", highlight=False)
@@ -403,7 +385,6 @@ def logs(job: JobRef, follow: Annotated[bool, typer.Option("--follow", "-f")] = 
          server: Server = None, token: Token = None) -> None:
     """Print a job's log (all attempts); -f follows it until the job finishes."""
     with Client(server, token) as c:
-        job = job_ref(c, job)  # type: ignore[assignment]
         if follow:
             for chunk in c.follow(job):
                 typer.echo(chunk, nl=False)
@@ -420,13 +401,13 @@ def cancel(jobs: Annotated[list[str], typer.Argument(
     with Client(server, token) as c:
         for job in jobs:
             try:
-                if not is_job_ref(job):
-                    console.print(f"{job}: {c.cancel_workload(job)['state']}", highlight=False)
-                    continue
-                jid = job_ref(c, job)
-                said = f"job {job}: {c.cancel(jid, array='_' not in job)}"
-                if "_" not in job and c.job(jid).get("array_id") == jid:  # every task's state
-                    [row] = group_arrays(c.jobs(array=jid, all=True, limit=10000))
+                # As scancel: ARRAY is every task of it, ARRAY_INDEX one
+                w = c.cancel_workload(job, array="_" not in job)
+                said = f"job {job}: {w['state']}" if w["kind"] == "Job" else \
+                    f"{job}: {w['state']}"
+                if "_" not in job and w["kind"] == "Job" and \
+                        c.job(w["id"]).get("array_id") == w["id"]:  # every task's state
+                    [row] = group_arrays(c.jobs(array=w["id"], all=True, limit=10000))
                     said = f"array {job}: {row['reason']}"
                 console.print(said, highlight=False)
             except PlinthError as e:

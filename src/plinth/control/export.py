@@ -152,7 +152,7 @@ def expressible(req: Request) -> str | None:
 
 
 def build_export(records: Iterable[Mapping[str, Any]]) -> Export:
-    """Jobs as `GET /v1/jobs/{id}` returns them (spec and events; for a job not finished the
+    """Jobs as `GET /v1/workloads/{id}` returns them (spec and events; for a job not finished the
     summary is enough) -> the exported jobs, oldest submission first."""
     left_out: list[str] = []
     kept: list[tuple[Mapping[str, Any], JobSpec, list[Attempt]]] = []

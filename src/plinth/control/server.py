@@ -23,8 +23,11 @@ from plinth.control.service import ControlPlane
 from plinth.control.store import Store, normalise_url
 from plinth.control.users import can_isolate, lock_down, unreachable
 from plinth.core.errors import PlinthError, SpecError
+from plinth.runtime.local import LocalRuntime
 from plinth.runtime.procs import LOG_LIMIT_MIB
 from plinth.sched.types import SchedConfig
+from plinth.serve.policies import POLICIES
+from plinth.tune import spec as tune_spec
 
 DEFAULT_PORT = 8642
 # After SIGTERM, requests still being answered get this long before the server stops anyway:
@@ -75,8 +78,6 @@ class ServerConfig:
 def build(cfg: ServerConfig, lease: Lease) -> tuple[ControlPlane, Auth]:
     """The control plane, recovered from the store, with its loop not yet started. `lease`:
     this process's hold on the store (`take_lease`), taken before anything here touches it."""
-    from plinth.runtime.local import LocalRuntime
-
     if cfg.grace_s < 0:
         raise SpecError(f"--grace: must be >= 0, got {cfg.grace_s}")
     if cfg.log_limit_mib < 0:
@@ -88,6 +89,7 @@ def build(cfg: ServerConfig, lease: Lease) -> tuple[ControlPlane, Auth]:
     holder: list[ControlPlane] = []
     notify = lambda: holder[0].notify() if holder else None
     if cfg.runtime == "ray":
+        # Only when asked for: it brings the Ray runtime's modules, which most servers never use.
         from plinth.runtime.ray import make_ray_runtime
 
         runtime = make_ray_runtime(cfg.ray_address, fake_gpus=cfg.fake_gpus, notify=notify)
@@ -102,9 +104,6 @@ def build(cfg: ServerConfig, lease: Lease) -> tuple[ControlPlane, Auth]:
     if cfg.round_s <= 0:
         raise SpecError(f"--round: must be > 0 seconds, got {cfg.round_s}")
     config = SchedConfig(min_runtime=cfg.min_runtime_s, round_s=cfg.round_s)
-    from plinth.serve.policies import POLICIES
-    from plinth.tune import spec as tune_spec
-
     tune_spec.IMPORT_MODELS = False  # this process never imports a user's model
 
     POLICIES.check(cfg.serve_policy, field="--serve-policy")

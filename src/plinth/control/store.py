@@ -274,10 +274,13 @@ class Store:
         return dict(row) if row else None
 
     def jobs(self, *, tenant: str | None = None, states: Iterable[State] | None = None,
-             name: str | None = None, array: int | None = None, limit: int = 1000,
-             offset: int = 0) -> list[dict]:
-        """Jobs matching every filter given, newest first; `offset` skips that many (paging)."""
+             name: str | None = None, array: int | None = None, index: int | None = None,
+             limit: int = 1000, offset: int = 0) -> list[dict]:
+        """Jobs matching every filter given, newest first; `offset` skips that many (paging).
+        `index`: the task of `array` with this index."""
         q = self._filter(jobs.select(), tenant, states, name, array)
+        if index is not None:
+            q = q.where(jobs.c.array_index == index)
         q = q.order_by(jobs.c.id.desc()).limit(limit).offset(offset)
         with self.engine.connect() as c:
             return [dict(r) for r in c.execute(q).mappings()]

@@ -16,11 +16,10 @@ from fastapi.staticfiles import StaticFiles
 
 from plinth.control.auth import Auth
 from plinth.control.service import ControlPlane
+from plinth.control.ui.routes import router
 
 
 def mount(app: FastAPI, cp: ControlPlane, auth: Auth) -> None:
-    from plinth.control.ui.routes import router
-
     app.include_router(router(cp, auth))
     # htmx and the style sheet: public files, the same for every user
     app.mount("/ui/static", StaticFiles(directory=Path(__file__).parent / "static"),

@@ -19,6 +19,7 @@ from rich.console import Console
 
 from plinth.core.errors import SpecError
 from plinth.core.spec import errors_message
+from plinth.sim import report
 
 
 class SimSeries(BaseModel):
@@ -90,8 +91,6 @@ def _figure_png(fig: Any) -> str:
 
 def sim_view(data: Any) -> dict[str, Any]:
     """The CLI's results table (as HTML) and its two plots, from a `plinth sim --json` file."""
-    from plinth.sim import report
-
     rows = _check(SimRow, data, "sim results")
     plain = [r.model_dump(exclude={"series"}) for r in rows]
     console = Console(record=True, width=160, file=io.StringIO())
@@ -146,6 +145,9 @@ def _sim_plots(rows: list[SimRow]) -> list[str]:
 def fl_view(data: Any) -> dict[str, Any]:
     """Accuracy and loss per round, participants and failures, and ε against δ, from a
     `plinth fl sim --json` file, with `plinth.fl.sim.plot`'s plots."""
+    # Here, not at the top: plinth.fl.sim brings the FL aggregation engine, whose numba kernels
+    # are compiled with an on-disk cache at import, and `plinth up` must start where its user
+    # has no place for one (as `nobody`); only this page needs it.
     from plinth.fl.sim import plot
 
     result = _check(FLResult, data, "fl results")

@@ -13,9 +13,10 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 from starlette.concurrency import run_in_threadpool
 
-from plinth.control.api import JobId, wall_times
 from plinth.control.auth import Auth, Principal
 from plinth.control.errors import Conflict, NotFound
+from plinth.control.routes.deps import JobId
+from plinth.control.routes.jobs import wall_times
 from plinth.control.service import ControlPlane
 from plinth.control.ui import results, views
 from plinth.core.errors import PlinthError, SpecError

@@ -11,8 +11,8 @@ import itertools
 from dataclasses import dataclass
 from typing import Any
 
-from plinth.control.api import wall_times
 from plinth.control.auth import Principal
+from plinth.control.routes.jobs import wall_times
 from plinth.control.service import ControlPlane
 from plinth.sched.owner import Owner
 from plinth.sched.types import JobState

@@ -14,24 +14,22 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Body, Depends, HTTPException
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from plinth.control.service import ControlPlane
+from plinth.control.routes.deps import CP
+from plinth.control.routes.errors import BODY, errors
 from plinth.control.unitauth import BadCredential
 from plinth.control.workloads import Fenced
 
+router = APIRouter(tags=["units"])
+_bearer = HTTPBearer(auto_error=False)
 
-def unit_routes(cp: ControlPlane, responses: dict) -> APIRouter:
-    router = APIRouter()
-    bearer = HTTPBearer(auto_error=False)
 
-    @router.post("/v1/units/report", status_code=204, responses=responses)
-    def report(cred: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
-               body: Annotated[dict[str, Any], Body()]) -> None:
-        try:
-            cp.workloads.report(cred.credentials if cred else "", body)
-        except BadCredential as e:
-            raise HTTPException(401, f"{e}: a unit reports with its PLINTH_UNIT_TOKEN",
-                                headers={"WWW-Authenticate": "Bearer"}) from None
-        except Fenced as e:
-            raise HTTPException(409, f"fenced: {e}") from None
-
-    return router
+@router.post("/v1/units/report", status_code=204, responses=errors(401, 409, *BODY))
+def report(cp: CP, cred: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+           body: Annotated[dict[str, Any], Body()]) -> None:
+    try:
+        cp.workloads.report(cred.credentials if cred else "", body)
+    except BadCredential as e:
+        raise HTTPException(401, f"{e}: a unit reports with its PLINTH_UNIT_TOKEN",
+                            headers={"WWW-Authenticate": "Bearer"}) from None
+    except Fenced as e:
+        raise HTTPException(409, f"fenced: {e}") from None
