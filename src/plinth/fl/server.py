@@ -4,10 +4,10 @@ The server is an imperative shell around pure parts: selection is a function of 
 (`selection.py`), the strategy decides the next model, and the transport moves bytes. The server
 owns the round's accumulator: the streaming engine, or with `server.aggregation.mode: tree` the
 elastic aggregator tree (`aggregate/tree.py`), which it starts on the first tree round, keeps
-warm across rounds and stops in `close`. Each reply is decoded and
-folded into the round's accumulator *as it arrives*; a reply that is late, malformed, for another
-round, of the wrong shape or dtype, or holding NaN/Inf becomes a `Failure` record (logged, passed
-to the strategy), never an exception.
+warm across rounds and stops in `close`. Each reply is decoded and folded into the round's
+accumulator *as it arrives*, weighted by the strategy; a reply that is late, malformed, for
+another round, of the wrong shape or dtype, or holding NaN/Inf becomes a `Failure` record
+(logged, passed to the strategy), never an exception.
 
 Synchronous strategies run rounds: select, send, fold until all reply or the straggler timeout,
 aggregate, evaluate, checkpoint. With `privacy.secagg` a round is the four SecAgg+ stages
