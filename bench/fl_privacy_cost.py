@@ -37,7 +37,8 @@ CONFIGS = {"before": {}, "sim": {}, "csprng": {"privacy.dp.noise": "chacha"}}
 def one(label: str, clients: int, rounds: int, workers: int, out: str) -> None:
     """One run in this process (the code on sys.path), its summary JSON written to `out`."""
     from plinth.fl.app import load_app
-    from plinth.fl.sim import run_sim, write_json
+    from plinth.fl.results import write_json
+    from plinth.fl.sim import run_sim
 
     dp = load_app(str(APP)).privacy.dp.model_dump()
     dp.update({k.split(".")[-1]: v for k, v in CONFIGS[label].items()})

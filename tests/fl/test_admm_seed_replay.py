@@ -78,7 +78,7 @@ def test_plinth_fl_admm_sites_draw_nothing_from_the_app_seed(tmp_path, monkeypat
     YAML, run twice, must not draw the λ₀ the old code derived from the app's seed (round 1:
     SeedSequence([seed, 0xADA, 1]).spawn(v)[me]), nor the same λ₀ twice."""
     from plinth.fl.admm import task
-    from plinth.fl.sim import initial_model
+    from plinth.fl.rounds import initial_model
 
     tiny = Path(__file__).parent / "apps" / "tiny.py"
     app = tmp_path / "admm.yaml"

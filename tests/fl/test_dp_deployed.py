@@ -24,15 +24,15 @@ from plinth.fl.safeguards import Safeguards
 DP = {"clip": 1.0, "noise_multiplier": 1.0}
 
 
-class _Model:
-    def __init__(self, d: int) -> None:
-        self.parameters = [np.zeros(d, np.float32)]
+def _params(d: int) -> list[np.ndarray]:
+    """A model of d float32 parameters, all zero (the shapes a round's updates must have)."""
+    return [np.zeros(d, np.float32)]
 
 
 def _released_sum(guard: Safeguards, rows: np.ndarray, r: int = 1) -> np.ndarray:
     """The noisy sum the server releases in round r for these (unclipped-small) updates."""
     assert guard.admit(r, len(rows), len(rows)) is None
-    acc = guard.begin(r, _Model(rows.shape[1]), [str(i) for i in range(len(rows))])
+    acc = guard.begin(r, _params(rows.shape[1]), [str(i) for i in range(len(rows))])
     for row in rows:
         acc.add([row], 1.0)
     (mean,) = acc.mean()

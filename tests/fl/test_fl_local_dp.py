@@ -21,9 +21,9 @@ APPS = Path(__file__).parent / "apps"
 TINY = str(APPS / "tiny.yaml")
 
 
-class _Model:
-    def __init__(self, d: int) -> None:
-        self.parameters = [np.zeros(d, np.float32)]
+def _params(d: int) -> list[np.ndarray]:
+    """A model of d float32 parameters, all zero (the shapes a round's updates must have)."""
+    return [np.zeros(d, np.float32)]
 
 
 class _FixedDelta:
@@ -157,7 +157,7 @@ def test_distributed_dp_unmasked_sum_carries_the_full_noise():
     assert guard.admit(1, n, n) is None
     rows = np.random.default_rng(1).uniform(-0.002, 0.002, (n, d)).astype(np.float32)
     assert np.linalg.norm(rows, axis=1).max() < clip  # no clipping: the deviation is the noise
-    acc = guard.begin(1, _Model(d), [str(i) for i in range(n)])
+    acc = guard.begin(1, _params(d), [str(i) for i in range(n)])
     for row in rows:
         acc.add([row], 1.0)
     (got,) = acc.mean()
@@ -177,7 +177,7 @@ def test_distributed_dp_with_fewer_clients_than_assumed_accounts_less_noise():
         "secagg": {"full_graph": True, "clip": 8.0, "scale": 2.0 ** 12}}})
     guard = Safeguards(spec)
     assert guard.admit(1, n, n) is None
-    acc = guard.begin(1, _Model(50), [str(i) for i in range(n)])
+    acc = guard.begin(1, _params(50), [str(i) for i in range(n)])
     for _ in range(n):
         acc.add([np.zeros(50, np.float32)], 1.0)
     acc.mean()

@@ -17,9 +17,9 @@ APPS = Path(__file__).parent / "apps"
 TINY = str(APPS / "tiny.yaml")
 
 
-class _Model:
-    def __init__(self, d: int) -> None:
-        self.parameters = [np.zeros(d, np.float32)]
+def _params(d: int) -> list[np.ndarray]:
+    """A model of d float32 parameters, all zero (the shapes a round's updates must have)."""
+    return [np.zeros(d, np.float32)]
 
 
 # -- central DP --------------------------------------------------------------------------------
@@ -50,7 +50,7 @@ def test_dp_clips_each_update_and_adapts_the_clip():
     # and a draw above 2 would turn it; deployed noise is unpredictable, which is its point.
     guard = Safeguards(spec, simulated=True)
     assert guard.admit(1, 4, 4) is None
-    acc = guard.begin(1, _Model(50), ["0", "1", "2", "3"])
+    acc = guard.begin(1, _params(50), ["0", "1", "2", "3"])
     rng = np.random.default_rng(0)
     for _ in range(4):  # norms ~70, far above the clip: every update is clipped
         acc.add([rng.normal(0, 10, 50).astype(np.float32)], 1.0)
@@ -106,7 +106,7 @@ def test_secagg_aggregate_equals_the_plaintext_mean():
     guard = Safeguards(spec)
     n, d = 7, 300
     rows = np.random.default_rng(1).uniform(-0.5, 0.5, (n, d)).astype(np.float32)
-    acc = guard.begin(1, _Model(d), [str(i) for i in range(n)])
+    acc = guard.begin(1, _params(d), [str(i) for i in range(n)])
     for row in rows:
         acc.add([row], 10.0)
     (got,) = acc.mean()
@@ -154,7 +154,7 @@ def test_resume_replays_the_dp_accounting():
     records = []
     for r in (1, 2):
         assert first.admit(r, 2, 4) is None
-        acc = first.begin(r, _Model(5), ["0", "1"])
+        acc = first.begin(r, _params(5), ["0", "1"])
         acc.add([np.ones(5, np.float32)], 1.0)
         acc.mean()
         records.append(RoundRecord(r, None, None, 0.0, 0, 0, ["0", "1"], 1,

@@ -58,11 +58,7 @@ def test_collecting_aggregator_applies_the_rule_and_rejects_nan():
     spec = parse_app({"strategy": {"robust": {"rule": "median"}}})
     guard = Safeguards(spec)
 
-    class _S:
-        def __init__(self) -> None:
-            self.parameters = [np.zeros(3, np.float32)]
-
-    acc = guard.begin(1, _S(), ["0", "1", "2"])
+    acc = guard.begin(1, [np.zeros(3, np.float32)], ["0", "1", "2"])
     assert isinstance(acc, CollectingAggregator)
     rej = acc.add_many([([np.array([1, 1, 1], np.float32)], 5.0),
                         ([np.array([2, 2, 2], np.float32)], 5.0),

@@ -112,7 +112,7 @@ def _on_receiving(transport, n, began):
 
 def _pool_is_whole(server):
     """The tree's slots are all free again, and none is still held by a landed upload."""
-    tree = server.strategy.tree.tree
+    tree = server.tree.tree
     return sorted(tree._free) == list(range(len(tree._slots))) and not tree._landed
 
 
@@ -132,13 +132,13 @@ def test_a_client_that_drops_mid_upload_leaves_no_partial_update_folded(mode):
     try:
         rec = server.fit_round(1)
         if mode == "tree":  # every upload, the broken one too, was received into a slot
-            tree = server.strategy.tree.tree
+            tree = server.tree.tree
             assert tree.landings == 4 and tree.copied == 0
             gc.collect()
             assert _pool_is_whole(server)
     finally:
         transport.close()
-        server.strategy.close()
+        server.close()
     assert sent.is_set() and began.is_set()
     assert rec.updates == 3 and [f["cid"] for f in rec.failures] == ["mallory"]
     why = rec.failures[0]["reason"]
@@ -162,12 +162,12 @@ def test_the_transport_holds_at_most_max_bodies_whole_replies(mode):
     try:
         recs = [server.fit_round(r) for r in (1, 2)]
         if mode == "tree":
-            assert server.strategy.tree.tree.landings == 16
+            assert server.tree.tree.landings == 16
             gc.collect()
             assert _pool_is_whole(server)
     finally:
         transport.close()
-        server.strategy.close()
+        server.close()
     assert [r.updates for r in recs] == [8, 8] and all(not r.failures for r in recs)
     assert 1 <= transport.peak_bodies <= 2
     for p in server.strategy.parameters:
@@ -188,11 +188,11 @@ def test_uploads_landed_in_the_tree_give_the_flat_engines_model():
         try:
             recs = [server.fit_round(r) for r in (1, 2)]
             if mode == "tree":
-                tree = server.strategy.tree.tree
+                tree = server.tree.tree
                 assert tree.landings == 12 and tree.copied == 0
         finally:
             transport.close()
-            server.strategy.close()
+            server.close()
         assert [r.updates for r in recs] == [6, 6] and all(not r.failures for r in recs)
         models[mode] = server.strategy.parameters
     for t, f in zip(models["tree"], models["stream"]):

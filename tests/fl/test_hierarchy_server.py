@@ -88,8 +88,8 @@ def test_tree_gives_the_streaming_model_and_bad_updates_become_failures():
         finally:
             t.close()
             if mode == "tree":
-                blocks = s.strategy.tree.tree.blocks()
-                s.strategy.close()
+                blocks = s.tree.tree.blocks()
+                s.close()
     (stream, p_stream), (tree, p_tree) = runs["stream"], runs["tree"]
     for a, b in zip(p_stream, p_tree):
         np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5)
@@ -117,7 +117,7 @@ def test_leaves_follow_the_sizing_stay_warm_and_the_shape_is_published(tmp_path)
         for r, fraction in enumerate((0.25, 1.0, 0.5, 0.25, 0.25), start=1):
             s.cfg.fraction = fraction  # 2, 8, 4, 2, 2 clients
             rec = s.fit_round(r)
-            tree = s.strategy.tree
+            tree = s.tree
             doc = s.checkpoint.shape
             assert s.checkpoint.reports.leaves == doc["leaves"]
             seen.append((rec.metrics["leaves"], rec.updates, tree.tree.pids, doc, rec.clients,
@@ -126,7 +126,7 @@ def test_leaves_follow_the_sizing_stay_warm_and_the_shape_is_published(tmp_path)
         third_gone = _gone(third)  # before close(): retired by the tree itself
     finally:
         t.close()
-        s.strategy.close()
+        s.close()
     assert [(n, u) for n, u, *_ in seen] == [(1.0, 2), (3.0, 8), (3.0, 4), (2.0, 2), (2.0, 2)]
     for r, (n, _, pids, doc, chosen, _) in enumerate(seen, start=1):
         assert doc["round"] == r and doc["leaves"] == n and doc["middles"] == 1
@@ -205,7 +205,7 @@ def test_a_leaf_killed_mid_round_does_not_crash_the_server():
             Killer.killed = True
             # Kill a leaf that is there now: once, under load, the first pid read was already
             # gone by the time of the kill (ProcessLookupError), failing the test before it began.
-            for pid in server.strategy.tree.tree.pids:
+            for pid in server.tree.tree.pids:
                 try:
                     os.kill(pid, signal.SIGKILL)
                     break
@@ -231,7 +231,7 @@ def test_a_leaf_killed_mid_round_does_not_crash_the_server():
         second = server.fit_round(2)  # the replacement leaf takes its share
     finally:
         t.close()
-        server.strategy.close()
+        server.close()
     lost = [f for f in first.failures if "died" in f["reason"]]
     assert first.updates + len(lost) == 7 and len(first.failures) == len(lost), first.failures
     assert first.metrics["leaf_replacements"] == 1.0
@@ -275,7 +275,7 @@ def test_the_tree_takes_consent_and_local_dp_like_the_flat_server(tmp_path):
             recs = s.run(2)
         finally:
             t.close()
-            s.strategy.close()
+            s.close()
             guard.close()
         out[mode] = (recs, [p.copy() for p in s.strategy.parameters])
     (stream, p_stream), (tree, p_tree) = out["stream"], out["tree"]

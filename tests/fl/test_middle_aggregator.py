@@ -12,10 +12,10 @@ import pytest
 from plinth.core.errors import PlinthError
 from plinth.core.net import free_port
 from plinth.fl import serde
-from plinth.fl.aggregate.middle import MiddleAggregator
 from plinth.fl.app import ServerSpec
 from plinth.fl.client import ClientRunner
 from plinth.fl.messages import ErrorRes, EvaluateIns, EvaluateRes, FitIns, FitRes
+from plinth.fl.middle import MiddleAggregator
 from plinth.fl.server import Server
 from plinth.fl.strategies import make_strategy
 from plinth.fl.transport.inproc import ThreadTransport

@@ -18,7 +18,7 @@ from plinth.fl.client import AppClients
 from plinth.fl.messages import ErrorRes, SecAggIns, SecAggRes
 from plinth.fl.privacy.secagg import SecAggConfig
 from plinth.fl.privacy.secagg_round import public_graph_seed, setup_meta
-from plinth.fl.sim import initial_model
+from plinth.fl.rounds import initial_model
 from plinth.fl.transport.grpc import GrpcClient, GrpcTransport
 
 TINY = str(Path(__file__).parent / "apps" / "tiny.yaml")

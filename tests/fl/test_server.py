@@ -11,7 +11,8 @@ from plinth.fl.checkpoint import Checkpointer
 from plinth.fl.client import ClientRunner
 from plinth.fl.compress import Compressor
 from plinth.fl.messages import ClientInfo
-from plinth.fl.server import Server, eligible, select
+from plinth.fl.selection import eligible, select
+from plinth.fl.server import Server
 from plinth.fl.strategies import make_strategy
 from plinth.fl.transport.inproc import ThreadTransport
 

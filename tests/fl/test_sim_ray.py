@@ -26,7 +26,7 @@ TEST_SET = 359  # digits: the test split's size, so one test image is 1/359 of a
 def cluster():
     """A local Ray of 4 CPUs and no GPUs for the module, stopped at the end."""
     pytest.importorskip("ray")
-    from plinth.fl.transport.ray import ray_session
+    from plinth.runtime.pool import ray_session
 
     with ray_session(None, num_cpus=4) as ray:
         yield ray

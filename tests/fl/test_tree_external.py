@@ -160,7 +160,7 @@ def test_the_server_runs_rounds_on_joined_leaves_and_survives_one_killed(sock):
 
         def fit(self, params, config):
             if self.kill and not killed:
-                victim = server.strategy.tree.tree.pids[0]
+                victim = server.tree.tree.pids[0]
                 os.kill(victim, signal.SIGKILL)
                 procs[victim].wait(30)
                 killed.append(victim)
@@ -184,10 +184,10 @@ def test_the_server_runs_rounds_on_joined_leaves_and_survives_one_killed(sock):
         first = server.fit_round(1)
         doc = server.checkpoint.shape
         second = server.fit_round(2)
-        spawned = [leaf.proc for leaf in server.strategy.tree.tree._leaves]
+        spawned = [leaf.proc for leaf in server.tree.tree._leaves]
     finally:
         t.close()
-        server.strategy.close()
+        server.close()
     assert doc["listen"] == path and doc["leaves"] == 2
     assert set(doc["pids"]) == set(procs) and spawned == [None]  # none started by the tree
     lost = [f for f in first.failures if "died" in f["reason"]]
@@ -199,6 +199,6 @@ def test_the_server_runs_rounds_on_joined_leaves_and_survives_one_killed(sock):
 
 def _wait_for_join(server, n, timeout=60):
     """Open the tree (round 0's begin) and wait until `n` leaves joined it."""
-    server.strategy.begin(0, expected=n, aggregation=server.cfg.aggregation).close()
-    tree = server.strategy.tree.tree
+    server.accumulator(0, n).close()
+    tree = server.tree.tree
     _wait_standby(tree, n, timeout)

@@ -204,7 +204,7 @@ def test_pool_transport_round_equals_fedavg_of_the_same_updates(tmp_path):
                                                             f"code: {APPS}/tiny.py"))
     ov = {"privacy": {"secagg": {"clip": 4.0, "threshold": 0.5}}, "server.min_clients": 4}
     spec = load_app(str(app), ov)
-    from plinth.fl.sim import initial_model
+    from plinth.fl.rounds import initial_model
 
     _, params = initial_model(spec)
     local = AppClients(spec, 4)

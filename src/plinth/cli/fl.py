@@ -87,7 +87,7 @@ def sim(
 
 
 def _report(result: dict, json_path: str | None, out: str | None) -> None:
-    from plinth.fl.sim import plot, write_json
+    from plinth.fl.results import plot, write_json
 
     console.print(_round_table(result))
     console.print(f"final accuracy {_fmt(result['final_accuracy'])}, "
@@ -275,7 +275,7 @@ def admm(
 ) -> None:
     """Decentralised training: sites on loopback average their models by ADMM (no server)."""
     from plinth.fl.admm.task import run_admm_app
-    from plinth.fl.sim import write_json
+    from plinth.fl.results import write_json
 
     result = run_admm_app(app_yaml, sites=sites, rounds=rounds, on_round=_admm_round)
     console.print(f"final accuracy {_fmt(result['final_accuracy'])}, {result['sites']} sites, "
@@ -303,7 +303,7 @@ def admm_site(
 ) -> None:
     """One ADMM site as its own process; start one per entry of --peers."""
     from plinth.fl.admm.task import read_peers, run_site
-    from plinth.fl.sim import write_json
+    from plinth.fl.results import write_json
 
     result = run_site(app_yaml, site=site, addresses=read_peers(peers, peers_file),
                       rounds=rounds, token=token, on_round=_admm_round)

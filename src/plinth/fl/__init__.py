@@ -3,11 +3,17 @@
 Layout (roles first, as `ls` shows them):
 
 - `messages`, `serde`: the message dataclasses and their byte encoding (zero-copy on the way in);
-- `server`, `client`: the server loop (rounds, selection, timeouts, checkpoints) and the client
-  runner; `transport/` moves bytes between them (`inproc` for simulation, `grpc` for real);
+- `server`, `client`, `middle`: the server loop (rounds, timeouts, the round's accumulator and
+  aggregator tree, checkpoints), the client runner, and a machine's middle aggregator;
+  `transport/` moves bytes between them (`inproc` and `ray` for simulation, `grpc` for real);
+- `rounds`: the server's whole life on a transport, which `sim` (the simulation) and `deploy`
+  (`plinth fl server` and friends, the FLTask's units) both run; `results`: its summary;
 - `strategies/`: one file per strategy (FedAvg, FedProx, FedAvgM, FedAdam/FedYogi/FedAdagrad,
-  FedBuff, FedAsync); `aggregate/`: the streaming engine and the LIFL-style hierarchy;
-- `compress`, `data`, `app` (the YAML spec), `sim`, `deploy`, `checkpoint`.
+  FedBuff, FedAsync); `selection`: who takes part in a round; `aggregate/`: the streaming
+  engine and the LIFL-style hierarchy;
+- `compress`, `data`, `app` (the YAML spec), `checkpoint`, `workload` (the FLTask controller).
+
+No module here starts a process: see `plinth.runtime.pool`.
 
 Importing this package does not import torch; only the PyTorch glue (`torch_client`) does.
 """

@@ -393,10 +393,38 @@ def parse_app(doc: Any, where: str = "app", base_dir: str = ".") -> AppSpec:
     return spec_from_dict(doc, source=where, kind=AppSpec, overrides={"base_dir": base_dir})
 
 
+# what the aggregator tree cannot take, and why, in one line each
+_TREE_REFUSES = (
+    ("strategy.robust", lambda s: s.strategy.robust,
+     "a robust rule needs every update of the round at once; the leaves keep only sums"),
+    ("privacy.dp", lambda s: s.privacy.dp,
+     "central DP clips and counts each update in the server before noising the sum"),
+    ("privacy.secagg", lambda s: s.privacy.secagg,
+     "SecAgg+ sums masked vectors in a finite field through its own four stages"),
+)
+
+
+def tree_problem(spec: AppSpec) -> str | None:
+    """Why an app cannot use `server.aggregation.mode: tree` (plinth.fl.aggregate.tree), as
+    'field: why'; None if it can. Consent and local DP act outside the fold (selection,
+    arrival, accounting), so they can."""
+    if spec.server.aggregation.mode != "tree":
+        return None
+    if STRATEGIES.get(spec.strategy.name).asynchronous:
+        return (f"server.aggregation.mode: tree folds whole rounds; {spec.strategy.name!r} is "
+                f"asynchronous (steps the model per buffered update); use mode: stream")
+    if spec.server.aggregation.middles and spec.consent is not None:
+        return ("server.aggregation.middles: consent is checked where a client joins the "
+                "server, and a middle aggregator's clients join it instead; use middles: 0")
+    for name, on, why in _TREE_REFUSES:
+        if on(spec) is not None:
+            return f"server.aggregation.mode: tree cannot be combined with {name}: {why}; " \
+                   f"use mode: stream"
+    return None
+
+
 def _combination_problem(spec: AppSpec) -> str | None:
     """Settings that are each valid but do not work together, as 'field: why'."""
-    from plinth.fl.aggregate.tree import tree_problem  # server.aggregation.mode: tree
-
     if (tree := tree_problem(spec)) is not None:
         return tree
     asynchronous = STRATEGIES.get(spec.strategy.name).asynchronous

@@ -23,8 +23,9 @@ from plinth.fl.app import AppSpec, load_app
 from plinth.fl.checkpoint import Checkpointer
 from plinth.fl.reports import RoundReports
 from plinth.fl.client import AppClients
+from plinth.fl.results import summary
+from plinth.fl.rounds import initial_model, serve_rounds
 from plinth.fl.server import RoundRecord
-from plinth.fl.sim import initial_model, serve_rounds, summary
 from plinth.fl.transport.grpc import GrpcClient, GrpcTransport, load_tokens, parse_address, read_pem
 from plinth.runtime.report import Reporter
 
@@ -136,13 +137,13 @@ def run_aggregator(app_path: str, *, server: str, address: str, clients: int, na
                    fraction: float = 1.0,
                    on_listen: Callable[[int], None] | None = None,
                    overrides: dict[str, Any] | None = None, require_tokens: bool = True) -> int:
-    """A machine's middle aggregator (`plinth.fl.aggregate.middle`): `clients` clients join it
+    """A machine's middle aggregator (`plinth.fl.middle`): `clients` clients join it
     on `address`; it joins `server` as one client named `name` and sends one update per task.
     Each task runs on `fraction` of its clients (at least one). With
     `server.aggregation.mode: tree` in the app, the machine's leaves fold its clients' updates,
     and each round's tree size is reported to the task's controller (on the platform); its
     state is kept in `status_dir`."""
-    from plinth.fl.aggregate.middle import MiddleAggregator
+    from plinth.fl.middle import MiddleAggregator
 
     parse_address(server)
     spec = load_app(app_path, overrides)
@@ -171,7 +172,7 @@ def run_aggregator(app_path: str, *, server: str, address: str, clients: int, na
         return up.serve(middle.handle)
     finally:
         if middle is not None:
-            middle.relay.close()
+            middle.close()
         downstream.close()
 
 

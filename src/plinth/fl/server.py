@@ -1,10 +1,13 @@
 """The FL server: rounds, client selection, straggler timeouts, eager aggregation, checkpoints.
 
-The server is an imperative shell around pure parts: selection is a function of (clients, rng),
-the strategy decides the next model, and the transport moves bytes. Each reply is decoded and
-folded into the round's accumulator *as it arrives*; a reply that is late, malformed, for another
-round, of the wrong shape or dtype, or holding NaN/Inf becomes a `Failure` record (logged, passed
-to the strategy), never an exception.
+The server is an imperative shell around pure parts: selection is a function of (clients, rng)
+(`selection.py`), the strategy decides the next model, and the transport moves bytes. The server
+owns the round's accumulator: the streaming engine, or with `server.aggregation.mode: tree` the
+elastic aggregator tree (`aggregate/tree.py`), which it starts on the first tree round, keeps
+warm across rounds and stops in `close`. Each reply is decoded and folded into the round's
+accumulator *as it arrives*, weighted by the strategy; a reply that is late, malformed, for
+another round, of the wrong shape or dtype, or holding NaN/Inf becomes a `Failure` record
+(logged, passed to the strategy), never an exception.
 
 Synchronous strategies run rounds: select, send, fold until all reply or the straggler timeout,
 aggregate, evaluate, checkpoint. With `privacy.secagg` a round is the four SecAgg+ stages
@@ -29,7 +32,9 @@ import numpy as np
 from plinth.core.errors import PlinthError
 from plinth.fl import serde
 from plinth.fl.aggregate.accumulator import Accumulator, Template, UpdateRejected, template_of
-from plinth.fl.app import EligibilitySpec, ServerSpec
+from plinth.fl.aggregate.engine import StreamingAggregator
+from plinth.fl.aggregate.tree import TreeAggregation
+from plinth.fl.app import ServerSpec
 from plinth.fl.checkpoint import Checkpointer
 from plinth.fl.compress import decompress
 from plinth.fl.messages import (
@@ -43,6 +48,7 @@ from plinth.fl.messages import (
     Metrics,
     NDArrays,
 )
+from plinth.fl.selection import eligible, select
 from plinth.fl.strategies.base import Strategy
 from plinth.fl.transport import Transport, reply_limit
 
@@ -69,27 +75,6 @@ class RoundRecord:
     reason: str = ""  # why the aggregate is what it is, e.g. why a SecAgg+ round aborted
 
 
-def eligible(clients: list[ClientInfo], rule: EligibilitySpec) -> list[ClientInfo]:
-    """Clients that satisfy the eligibility rule (enough examples, required properties)."""
-    out = []
-    for c in clients:
-        if float(c.properties.get("num_examples", rule.min_examples)) < rule.min_examples:
-            continue
-        if any(c.properties.get(k) != v for k, v in rule.require.items()):
-            continue
-        out.append(c)
-    return out
-
-
-def select(clients: list[ClientInfo], *, fraction: float, min_clients: int,
-           rng: np.random.Generator) -> list[str]:
-    """⌈fraction·n⌉ clients (at least `min_clients`, at most n), drawn without replacement."""
-    n = len(clients)
-    k = min(n, max(min_clients, math.ceil(fraction * n)))
-    ids = sorted(c.cid for c in clients)
-    return [ids[i] for i in sorted(rng.choice(n, size=k, replace=False))]
-
-
 class Server:
     def __init__(self, strategy: Strategy, transport: Transport, cfg: ServerSpec, *,
                  seed: int = 0, evaluate: Evaluate | None = None,
@@ -105,6 +90,7 @@ class Server:
         self.template: Template = []
         self.start_round = 1
         self._declared: dict[str, int] = {}  # num_examples each client declared on joining
+        self.tree: TreeAggregation | None = None  # the aggregator tree, from its first round
 
     # -- setup ----------------------------------------------------------------------------------
 
@@ -124,6 +110,28 @@ class Server:
                 log.info("resumed after round %d", got.round)
                 if self.safeguards is not None:
                     self.safeguards.restore(self.records)
+
+    def close(self) -> None:
+        """Stop what the server started for the task: the aggregator tree's leaf processes."""
+        if self.tree is not None:
+            self.tree.close()
+            self.tree = None
+
+    def accumulator(self, r: int, expected: int | None = None) -> Accumulator:
+        """Round r's accumulator for `expected` updates: the streaming engine, or with
+        `server.aggregation.mode: tree` the aggregator tree scaled to them (started on first
+        use, kept across rounds, started again if the model's shapes change)."""
+        agg, params = self.cfg.aggregation, self.strategy.parameters
+        if agg.mode != "tree":
+            return StreamingAggregator(params, threads=self.cfg.aggregation_threads)
+        if self.strategy.asynchronous:
+            raise PlinthError(f"server.aggregation.mode: tree needs a synchronous strategy, "
+                              f"not {self.strategy.name!r}")
+        if self.tree is None or not self.tree.fits(params):
+            self.close()
+            self.tree = TreeAggregation.from_spec(agg, params,
+                                                  threads=self.cfg.aggregation_threads)
+        return self.tree.begin(params, expected, r)
 
     # -- running --------------------------------------------------------------------------------
 
@@ -209,11 +217,17 @@ class Server:
               staleness_of: Callable[[int], int] | None = None) -> int:
         """Decode one reply and fold it at once; returns the reply's size."""
         size, item = self._decode(cid, fut, version, failures, staleness_of)
-        if item is not None:
-            try:
-                self.strategy.accept(acc, *item)
-            except PlinthError as e:
-                self._reject(cid, version, str(e), failures)
+        if item is None:
+            return size
+        delta, examples, staleness = item
+        why = self.strategy.refuse(staleness)
+        try:
+            if why is None:
+                acc.add(delta, self.strategy.weight(examples, staleness))
+        except PlinthError as e:
+            why = str(e)
+        if why is not None:
+            self._reject(cid, version, why, failures)
         return size
 
     def _fold_batch(self, batch: list[tuple[str, Future]], acc: Accumulator, version: int,
@@ -228,7 +242,8 @@ class Server:
                 cids.append(cid)
                 items.append(item)
         acc.name_updates(cids)  # the aggregator tree reports rejections late, by name
-        for j, why in self.strategy.accept_many(acc, items):
+        weighted = [(delta, self.strategy.weight(n, s)) for delta, n, s in items]
+        for j, why in acc.add_many(weighted):
             self._reject(cids[j], version, why, failures)
         return size
 
@@ -242,7 +257,7 @@ class Server:
         if guard is None:
             chosen = select(pool, fraction=self.cfg.fraction, min_clients=self.cfg.min_clients,
                             rng=rng)
-            acc = self.strategy.begin(r, expected=len(chosen), aggregation=self.cfg.aggregation)
+            acc = None
         else:
             chosen, self.stopped = guard.start_round(r, pool, fraction=self.cfg.fraction,
                                                      min_clients=self.cfg.min_clients, rng=rng)
@@ -250,7 +265,9 @@ class Server:
                 return None
             if guard.secagg is not None:
                 return self._secagg_round(r, chosen)
-            acc = guard.begin(r, self.strategy, chosen, self.cfg.aggregation)
+            acc = guard.begin(r, self.strategy.parameters, chosen)
+        if acc is None:  # no safeguard collects this round's updates: the server folds them
+            acc = self.accumulator(r, len(chosen))
         self._publish_tree(chosen)
         payload = serde.encode(FitIns(r, self.strategy.parameters, self.strategy.fit_config(r)))
         self.transport.landing = acc.landing  # replies land where the accumulator folds
@@ -286,9 +303,8 @@ class Server:
     def _publish_tree(self, chosen: list[str]) -> None:
         """With the aggregator tree, hand the round's desired shape to the checkpointer, which
         reports its size to the task's controller (to resize aggregator units)."""
-        tree = self.strategy.tree
-        if tree is not None and self.checkpoint is not None:
-            self.checkpoint.tree(tree.shape_doc(chosen))
+        if self.tree is not None and self.checkpoint is not None:
+            self.checkpoint.tree(self.tree.shape_doc(chosen))
 
     def _secagg_round(self, r: int, chosen: list[str]) -> RoundRecord:
         """One SecAgg+ round: setup (train + advertise keys), share keys, masked input, unmask.
@@ -406,7 +422,7 @@ class Server:
         in_flight: dict[Future, tuple[str, int, float]] = {}
         payloads: dict[int, bytearray] = {}
         failures: list[Failure] = []
-        acc = self.strategy.begin(version + 1)
+        acc = self.accumulator(version + 1)
         up = down = 0
         self._round_t0 = self.clock()
         busy: set[str] = set()
@@ -449,7 +465,7 @@ class Server:
                     rec = RoundRecord(version, None, None, 0.0, up, down, [], acc.count,
                                       [asdict(x) for x in failures], metrics)
                     acc.close()
-                    acc = self.strategy.begin(version + 1)
+                    acc = self.accumulator(version + 1)
                     failures, up, down = [], 0, 0
                     self._finish(version, rec, on_round)
                     if version >= rounds:

@@ -2,7 +2,7 @@
 
 Each is checked at the boundary (a one-line error names what is wrong) and shown with the CLI's
 own table and plots: the simulator's table is `plinth.sim.report.table` rendered by rich, the
-FL plots are `plinth.fl.sim.plot`'s files. Plots are inline images, so the page needs no files
+FL plots are `plinth.fl.results.plot`'s files. Plots are inline images, so the page needs no files
 on the server.
 """
 
@@ -144,11 +144,11 @@ def _sim_plots(rows: list[SimRow]) -> list[str]:
 
 def fl_view(data: Any) -> dict[str, Any]:
     """Accuracy and loss per round, participants and failures, and ε against δ, from a
-    `plinth fl sim --json` file, with `plinth.fl.sim.plot`'s plots."""
-    # Here, not at the top: plinth.fl.sim brings the FL aggregation engine, whose numba kernels
-    # are compiled with an on-disk cache at import, and `plinth up` must start where its user
-    # has no place for one (as `nobody`); only this page needs it.
-    from plinth.fl.sim import plot
+    `plinth fl sim --json` file, with `plinth.fl.results.plot`'s plots."""
+    # Here, not at the top: plinth.fl.results may bring the FL aggregation engine, whose numba
+    # kernels are compiled with an on-disk cache at import, and `plinth up` must start where its
+    # user has no place for one (as `nobody`); only this page needs it.
+    from plinth.fl.results import plot
 
     result = _check(FLResult, data, "fl results")
     with tempfile.TemporaryDirectory(prefix="plinth-ui-") as d:

@@ -1,4 +1,5 @@
-"""Run ADMM sites as separate processes that talk over the FL transport (gRPC on 127.0.0.1).
+"""Run ADMM sites as separate processes that talk over the FL transport (gRPC on 127.0.0.1);
+the processes are started by `plinth.runtime.pool`.
 
 Each site is a process with its own `PeerExchange` (a gRPC server on a free loopback port plus a
 channel to every peer). The launcher learns each site's port, hands every site the full address
@@ -8,12 +9,11 @@ in ``consensus.Site`` only sees ``Exchange``: send / recv of arrays to a peer.
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
-from multiprocessing.connection import Connection, wait
+from multiprocessing.connection import Connection, Pipe, wait
 from typing import Any, Protocol
 
 import numpy as np
@@ -22,6 +22,7 @@ from plinth.core.errors import PlinthError
 from plinth.fl.admm.consensus import ADMMConfig, ADMMReport, Site, group_of, weights_from_counts
 from plinth.fl.admm.kirkman import Design, kirkman_triple_system
 from plinth.fl.transport.peer import PeerExchange
+from plinth.runtime.pool import spawn
 
 # What a site imports, loaded once by the fork server (a missing one is skipped).
 PRELOAD = [__name__, "plinth.fl.admm.task", "torch", "plinth.fl.client", "plinth.fl.torch_client",
@@ -118,23 +119,20 @@ def run_sites(v: int, job: Job, args: list[tuple], *, security: PeerSecurity | N
     *args[i])`` in site i; return each site's result. ``on_report(site, obj)`` gets what sites
     report on the way (in arrival order). One random token per site unless `security` says.
 
-    Sites fork from a fork server (never from this process, which may hold gRPC or torch
-    threads) that imports `PRELOAD` once, so that each site need not."""
+    Sites fork from a fork server (`plinth.runtime.pool.spawn`; never from this process, which
+    may hold gRPC or torch threads) that imports `PRELOAD` once, so that each site need not."""
     if security is None:
         tokens = random_tokens(v)
         secs = [PeerSecurity(tokens, token_of(tokens, i)) for i in range(v)]
     else:
         secs = [PeerSecurity(security.tokens, security.token or token_of(security.tokens, i),
                              security.cert, security.key, security.ca) for i in range(v)]
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(PRELOAD)  # only counts before the server starts
     pipes: list[Connection] = []
     procs = []
     for i in range(v):
-        parent_end, child_end = ctx.Pipe()
-        p = ctx.Process(target=_site_process, args=(i, v, secs[i], chunk_size, timeout, audit,
-                                                    job, args[i], child_end), daemon=True)
-        p.start()
+        parent_end, child_end = Pipe()
+        p = spawn(_site_process, i, v, secs[i], chunk_size, timeout, audit, job, args[i],
+                  child_end, method="forkserver", preload=PRELOAD)
         child_end.close()
         pipes.append(parent_end)
         procs.append(p)

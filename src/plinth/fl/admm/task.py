@@ -145,7 +145,7 @@ def run_admm_app(app_path: str, *, sites: int | None = None, rounds: int | None 
                  on_round: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Run the app's ADMM task with one process per site on loopback; a `plinth fl sim`-like
     result dict (rounds with round/accuracy/loss/seconds, final_accuracy) plus ADMM errors."""
-    from plinth.fl.sim import central_evaluator, initial_model
+    from plinth.fl.rounds import central_evaluator, initial_model
 
     spec, a = load_admm_app(app_path, sites=sites, rounds=rounds, overrides=overrides)
     ov = {**(overrides or {}), "admm.sites": a.sites, "admm.rounds": a.rounds,
@@ -226,7 +226,7 @@ def run_site(app_path: str, *, site: int, addresses: Sequence[str], rounds: int 
              on_round: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Be site `site` of the app's ADMM task in this process; `addresses[i]` is site i's
     HOST:PORT (this site listens on its own). Reports its own test accuracy each round."""
-    from plinth.fl.sim import central_evaluator, initial_model
+    from plinth.fl.rounds import central_evaluator, initial_model
 
     spec, a = load_admm_app(app_path, sites=len(addresses), rounds=rounds)
     if not 0 <= site < a.sites:

@@ -41,7 +41,6 @@ that runtime-started leaves join are in `leaf_link.py`.
 from __future__ import annotations
 
 import logging
-import multiprocessing as mp
 import queue
 import threading
 import time
@@ -55,8 +54,13 @@ import numpy as np
 from plinth.core.errors import PlinthError
 from plinth.fl.aggregate.accumulator import template_of
 from plinth.fl.aggregate.leaf import Ref, copy_into, layout, views
-from plinth.fl.aggregate.leaf_link import (LeafLink, LeafRegistry, discard_slot, shutdown,
-                                           unlink_block)
+from plinth.fl.aggregate.leaf_link import (
+    LeafLink,
+    LeafRegistry,
+    discard_slot,
+    shutdown,
+    unlink_block,
+)
 from plinth.fl.messages import NDArrays
 
 log = logging.getLogger("plinth.fl.aggregate")
@@ -104,7 +108,6 @@ class Hierarchy:
         if listen is not None and not token:
             raise PlinthError("hierarchy: external leaves need the task's token")
 
-        self._ctx = mp.get_context("spawn")
         self.template = template_of(template)
         self._layout, self._raw_bytes = layout(self.template)
         self._partial_layout, self._partial_bytes = layout(
@@ -181,7 +184,7 @@ class Hierarchy:
                 if leaf.idle_alive():
                     return leaf
                 leaf.release(0)
-            return LeafLink.spawn(self._ctx, self.template, self._partial_bytes, self.threads)
+            return LeafLink.spawn(self.template, self._partial_bytes, self.threads)
         reg = self._registry[0]
         deadline = time.monotonic() + (self.join_timeout if wait else 0.0)
         while True:

@@ -3,8 +3,8 @@ leaves started by the runtime join, and the shared-memory blocks' clean-up.
 
 `Hierarchy` (hierarchy.py) keeps the pool of slots and the round; this module is what it holds
 for each leaf: its pipe, its partial-sum block, the slots it has not handed back, and its process
-when the tree spawned it (a leaf the runtime started has only its connection). The leaf process
-itself runs `plinth.fl.aggregate.leaf.run_leaf`.
+when the tree spawned it (through `plinth.runtime.pool`; a leaf unit the runtime started has only
+its connection). The leaf process itself runs `plinth.fl.aggregate.leaf.run_leaf`.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from typing import Any
 
 from plinth.fl.aggregate.accumulator import Template
 from plinth.fl.aggregate.leaf import parse_address, run_leaf
+from plinth.runtime.pool import spawn
 
 log = logging.getLogger("plinth.fl.aggregate")
 
@@ -57,12 +58,11 @@ class LeafLink:
         return True
 
     @classmethod
-    def spawn(cls, ctx: Any, template: Template, partial_bytes: int, threads: int) -> LeafLink:
+    def spawn(cls, template: Template, partial_bytes: int, threads: int) -> LeafLink:
+        """A leaf process of this tree's own (started by `plinth.runtime.pool`)."""
         partial = shared_memory.SharedMemory(create=True, size=max(1, partial_bytes))
-        conn, child = ctx.Pipe()
-        proc = ctx.Process(target=run_leaf, args=(child, template, partial.name, threads),
-                           daemon=True)
-        proc.start()
+        conn, child = connection.Pipe()
+        proc = spawn(run_leaf, child, template, partial.name, threads)
         child.close()  # so that the leaf sees EOF if this process dies
         return cls(conn, partial, proc.pid, proc)
 

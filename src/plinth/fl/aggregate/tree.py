@@ -1,6 +1,7 @@
 """The server's accumulator backed by the elastic LIFL tree (`server.aggregation.mode: tree`).
 
-`TreeAggregation` belongs to a strategy and lives for the whole task: its leaf processes stay
+`TreeAggregation` belongs to the server (`plinth.fl.server.Server`, which starts it on the
+first tree round and closes it at the end) and lives for the whole task: its leaf processes stay
 warm across rounds. Before each round `begin(expected)` sizes the tree with `size_tree` (a pure
 function of the expected updates, their size and the leaves' throughput, an EWMA of what they
 measured in earlier rounds), scales the active leaves to it, publishes the shape (`shape_doc`:
@@ -16,7 +17,7 @@ a leaf that died, are known only when the round ends: `settle()` returns them as
 reason)``, named by `name_updates`. `count`, `sums` and `mean` settle first, so they always
 describe the updates actually folded.
 
-What the tree cannot take is refused at start-up in one line by `tree_problem`.
+What the tree cannot take is refused when the app is loaded (`plinth.fl.app`, `tree_problem`).
 """
 
 from __future__ import annotations
@@ -34,42 +35,6 @@ from plinth.fl.aggregate.sizing import TreeShape, ewma, leaf_throughput, size_tr
 from plinth.fl.messages import NDArrays
 
 log = logging.getLogger("plinth.fl.aggregate")
-
-
-# what the tree cannot take, and why, in one line each
-_REFUSED = (
-    ("strategy.robust", lambda s: s.strategy.robust,
-     "a robust rule needs every update of the round at once; the leaves keep only sums"),
-    ("privacy.dp", lambda s: s.privacy.dp,
-     "central DP clips and counts each update in the server before noising the sum"),
-    ("privacy.secagg", lambda s: s.privacy.secagg,
-     "SecAgg+ sums masked vectors in a finite field through its own four stages"),
-)
-
-
-def tree_problem(spec: Any) -> str | None:
-    """Why an app cannot use `server.aggregation.mode: tree`, as 'field: why'; None if it can.
-    Consent and local DP act outside the fold (selection, arrival, accounting), so they can."""
-    from plinth.fl.strategies import STRATEGIES
-    from plinth.fl.strategies.base import Strategy
-
-    if spec.server.aggregation.mode != "tree":
-        return None
-    cls = STRATEGIES.get(spec.strategy.name)
-    if cls.asynchronous:
-        return (f"server.aggregation.mode: tree folds whole rounds; {spec.strategy.name!r} is "
-                f"asynchronous (steps the model per buffered update); use mode: stream")
-    if cls.accept is not Strategy.accept:
-        return (f"server.aggregation.mode: tree folds batches in leaf processes; "
-                f"{spec.strategy.name!r} vets each update in the server; use mode: stream")
-    if spec.server.aggregation.middles and spec.consent is not None:
-        return ("server.aggregation.middles: consent is checked where a client joins the "
-                "server, and a middle aggregator's clients join it instead; use middles: 0")
-    for name, on, why in _REFUSED:
-        if on(spec) is not None:
-            return f"server.aggregation.mode: tree cannot be combined with {name}: {why}; " \
-                   f"use mode: stream"
-    return None
 
 
 class TreeAccumulator(Accumulator):
@@ -164,7 +129,7 @@ class TreeAccumulator(Accumulator):
 
 
 class TreeAggregation:
-    """A strategy's elastic tree: warm leaf processes, sized per round by `size_tree`."""
+    """The server's elastic tree: warm leaf processes, sized per round by `size_tree`."""
 
     def __init__(self, template: NDArrays, *, leaves: Any = "auto", max_leaves: int = 4,
                  updates_per_leaf: int = 8, fold_deadline: float = 1.0, threads: int = 1,
@@ -238,22 +203,3 @@ class TreeAggregation:
 
     def close(self) -> None:
         self.tree.close()
-
-
-def begin_tree(strategy: Any, spec: Any, expected: int | None, round: int = 0
-               ) -> TreeAccumulator:
-    """`strategy.begin` with `server.aggregation.mode: tree`: the strategy's tree (started on
-    first use, kept across rounds, restarted if the model's shapes change), scaled to
-    `expected` updates."""
-    from plinth.fl.strategies.base import Strategy
-
-    if type(strategy).accept is not Strategy.accept or strategy.asynchronous:
-        raise PlinthError(f"server.aggregation.mode: tree needs a synchronous strategy that folds "
-                          f"updates in batches, not {strategy.name!r}")
-    tree = strategy._tree
-    if tree is None or not tree.fits(strategy.parameters):
-        if tree is not None:
-            tree.close()
-        tree = strategy._tree = TreeAggregation.from_spec(spec, strategy.parameters,
-                                                          threads=strategy.threads)
-    return tree.begin(strategy.parameters, expected, round)

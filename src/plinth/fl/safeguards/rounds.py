@@ -6,8 +6,8 @@ The server asks three things in a synchronous round:
 1. `start_round`: may the round run at all (DP: not past the ε budget; robust rules: not with
    fewer clients than the rule needs), and who is selected (consent: only clients with live
    consent; every exclusion and selection is audited);
-2. `begin`: the round's accumulator: the collecting one for robust rules and central DP, the
-   strategy's own otherwise. A SecAgg+ round never holds an update: the server drives the
+2. `begin`: the round's accumulator: the collecting one for robust rules and central DP; None
+   otherwise (the server folds the round in its own). A SecAgg+ round never holds an update: the server drives the
    protocol (`plinth.fl.privacy.secagg_round`) with `secagg_config` and `distributed_dp`, and
    `secagg_aggregator` turns the unmasked sum into the round's aggregate;
 3. `end_round`: metrics for the round record (ε, clip, the rule's reason) and the consent log.
@@ -26,7 +26,7 @@ import numpy as np
 from plinth.fl.app import AppSpec, seeded_noise
 from plinth.fl.messages import ClientInfo, Failure, Metrics, NDArrays
 from plinth.fl.safeguards.collecting import CollectingAggregator, Reduce, Reduced, no_reduce
-from plinth.fl.strategies.base import Strategy
+from plinth.fl.selection import select
 
 if TYPE_CHECKING:
     from plinth.fl.privacy.secagg import SecAggConfig
@@ -97,8 +97,6 @@ class Safeguards:
         probability q = `poisson_rate(...)` from a CSPRNG (the sampler the accountant assumes,
         and secret). The checks that may stop the task run before the draw.
         """
-        from plinth.fl.server import select
-
         ids = sorted(x.cid for x in pool)
         if self.consent is not None:
             live = set(self.consent.consenting(r, ids, min_clients))
@@ -135,13 +133,12 @@ class Safeguards:
             return f"privacy.secagg: needs at least 3 clients a round, round {r} selected {k}"
         return None if self.privacy is None else self.privacy.over_budget(k, pool_size)
 
-    def begin(self, r: int, strategy: Strategy, chosen: list[str], aggregation: Any = None
-              ) -> Any:
-        """The round's accumulator. Without a rule or central DP it is the strategy's own
-        (the tree too: consent and local DP act outside the fold)."""
+    def begin(self, r: int, params: NDArrays, chosen: list[str]) -> CollectingAggregator | None:
+        """The round's accumulator, collecting the updates of a model of `params`; None
+        without a rule, central DP or SecAgg: the server's own (the tree too: consent and local
+        DP act outside the fold)."""
         if self.robust is None and self.dp is None and self.secagg is None:
-            return strategy.begin(r, expected=len(chosen), aggregation=aggregation)
-        params = strategy.parameters
+            return None
         if self.robust is not None:
             reduce = self.robust.reduce_for(r, params)
         elif self.dp is not None and self.secagg is None:

@@ -21,12 +21,12 @@ for _name, _target in (("fedavg", "fedavg:FedAvg"), ("fedprox", "fedprox:FedProx
     STRATEGIES.add(_name, f"{__name__}.{_target}")
 
 
-def make_strategy(name: str, options: dict[str, Any] | None = None, *, threads: int = 1,
+def make_strategy(name: str, options: dict[str, Any] | None = None, *,
                   where: str = "strategy") -> Strategy:
     """Build a strategy; a bad name or option is a one-line `SpecError` naming the field."""
     cls = STRATEGIES.get(name, field=f"{where}.name")
     try:
-        return cls(threads=threads, **(options or {}))
+        return cls(**(options or {}))
     except ValidationError as e:
         errors = [{**err, "loc": (*where.split("."), "options", *err["loc"])} for err in e.errors()]
         raise SpecError(errors_message("", errors, cls.Opts)) from None

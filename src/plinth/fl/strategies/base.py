@@ -1,14 +1,23 @@
-"""The strategy interface: how updates are weighted, folded and turned into the next model.
+"""The strategy interface: how the server configures its clients and turns the updates of a round
+into the next model, as Flower's `Strategy` does (`configure_fit`, `aggregate_fit`,
+`aggregate_evaluate`). A strategy decides; it starts nothing and owns no accumulator.
 
-A strategy is small: it configures clients (`fit_config`), opens an accumulator for a round
-(`begin`), folds each arriving update into it (`accept`, called eagerly as updates arrive), and
-turns the accumulator plus the round's failures into the next global model (`aggregate_fit`).
-Failures arrive as data (`list[Failure]`), never as exceptions.
+- `initialize(parameters)`: the starting global model;
+- `fit_config(round)`: what clients are sent with each fit (FedProx's mu);
+- `weight(num_examples, staleness)`: how much one update counts in the round's weighted sum;
+- `aggregate_fit(round, acc, failures)`: the next model from the folded updates (`apply` is the
+  subclass's step); failures arrive as data (`list[Failure]`), never as exceptions;
+- `aggregate_evaluate(round, results, failures)`: the loss and metrics of federated evaluation;
+- `state()` / `load_state(state)`: the server-side optimiser state a checkpoint keeps.
+
+Asynchronous strategies (`asynchronous = True`) add `ready(acc)`, whether enough updates are
+buffered to step the model, and `refuse(staleness)`, why an update that many model versions old
+is not used. The server folds each update into the round's accumulator as it arrives, weighted
+by `weight`; which accumulator (the streaming engine, the aggregator tree, a safeguard's
+collecting one) is the server's concern.
 
 Clients send *deltas* (their trained parameters minus the ones they received), so every strategy
-works on the weighted mean (or sum) of deltas. Asynchronous strategies (`asynchronous = True`) are
-stepped by the server whenever `ready(acc)` says so, with `staleness` = model versions elapsed
-since the client's copy.
+works on the weighted mean (or sum) of deltas.
 """
 
 from __future__ import annotations
@@ -18,7 +27,7 @@ from typing import Any, ClassVar
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
-from plinth.fl.aggregate.accumulator import Accumulator, UpdateRejected
+from plinth.fl.aggregate.accumulator import Accumulator
 from plinth.fl.messages import Config, EvaluateRes, Failure, Metrics, NDArrays
 
 
@@ -36,13 +45,9 @@ class Strategy:
     asynchronous: ClassVar[bool] = False
     Opts: ClassVar[type[Options]] = Options
 
-    def __init__(self, *, threads: int = 1, **options: Any) -> None:
+    def __init__(self, **options: Any) -> None:
         self.opts = self.Opts(**options)
-        self.threads = threads
         self.parameters: NDArrays = []
-        self._tree: Any = None  # the elastic aggregator tree (server.aggregation.mode: tree)
-
-    # -- lifecycle ------------------------------------------------------------------------------
 
     def initialize(self, parameters: NDArrays) -> None:
         """Set the starting global model (copied: the strategy owns its arrays)."""
@@ -52,56 +57,17 @@ class Strategy:
         """Extra config sent to clients with each fit (e.g. FedProx's mu)."""
         return {}
 
-    def begin(self, round: int, expected: int | None = None,
-              aggregation: Any = None) -> Accumulator:
-        """The round's accumulator. With `aggregation` (the app's server.aggregation) in mode
-        tree, the strategy's elastic LIFL tree, scaled to `expected` updates."""
-        if aggregation is not None and aggregation.mode == "tree":
-            from plinth.fl.aggregate.tree import begin_tree
-
-            return begin_tree(self, aggregation, expected, round)
-        from plinth.fl.aggregate.engine import StreamingAggregator
-
-        return StreamingAggregator(self.parameters, threads=self.threads)
-
-    @property
-    def tree(self) -> Any:
-        """The elastic aggregator tree (`TreeAggregation`) once a tree round ran, else None."""
-        return self._tree
-
-    def close(self) -> None:
-        """Stop what the strategy started for the task (the aggregator tree's processes)."""
-        if self._tree is not None:
-            self._tree.close()
-            self._tree = None
-
     def weight(self, num_examples: int, staleness: int) -> float:
+        """An update's weight in the round's sum (FedAvg: its examples)."""
         return float(num_examples)
-
-    def accept(self, acc: Accumulator, delta: NDArrays, num_examples: int,
-               staleness: int = 0) -> float:
-        """Fold one update; raises `UpdateRejected` (nothing folded) for a bad one."""
-        w = self.weight(num_examples, staleness)
-        acc.add(delta, w)
-        return w
-
-    def accept_many(self, acc: Accumulator,
-                    items: list[tuple[NDArrays, int, int]]) -> list[tuple[int, str]]:
-        """Fold several (delta, num_examples, staleness) in one sweep; returns the rejected
-        ``(index, reason)``; the others are folded."""
-        if type(self).accept is not Strategy.accept:  # a subclass vets updates one by one
-            out = []
-            for j, (delta, n, s) in enumerate(items):
-                try:
-                    self.accept(acc, delta, n, s)
-                except UpdateRejected as e:
-                    out.append((j, str(e)))
-            return out
-        return acc.add_many([(d, self.weight(n, s)) for d, n, s in items])
 
     def ready(self, acc: Accumulator) -> bool:
         """Async only: whether enough updates are buffered to step the model."""
         return acc.count >= 1
+
+    def refuse(self, staleness: int) -> str | None:
+        """Async only: why an update `staleness` model versions old is not used; None: it is."""
+        return None
 
     def aggregate_fit(self, round: int, acc: Accumulator,
                       failures: list[Failure]) -> tuple[NDArrays, Metrics]:

@@ -11,8 +11,7 @@ import math
 
 from pydantic import Field
 
-from plinth.fl.aggregate.accumulator import Accumulator, UpdateRejected
-from plinth.fl.messages import NDArrays
+from plinth.fl.aggregate.accumulator import Accumulator
 from plinth.fl.strategies.base import Options, Strategy, _axpy_into
 
 
@@ -31,12 +30,11 @@ class FedBuff(Strategy):
     def weight(self, num_examples: int, staleness: int) -> float:
         return 1.0 / math.sqrt(1.0 + staleness)
 
-    def accept(self, acc: Accumulator, delta: NDArrays, num_examples: int,
-               staleness: int = 0) -> float:
+    def refuse(self, staleness: int) -> str | None:
         cap = self.opts.max_staleness  # type: ignore[attr-defined]
         if cap is not None and staleness > cap:
-            raise UpdateRejected(f"staleness {staleness} exceeds max_staleness {cap}")
-        return super().accept(acc, delta, num_examples, staleness)
+            return f"staleness {staleness} exceeds max_staleness {cap}"
+        return None
 
     def ready(self, acc: Accumulator) -> bool:
         return acc.count >= self.opts.buffer_size  # type: ignore[attr-defined]

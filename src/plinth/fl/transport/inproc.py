@@ -1,15 +1,15 @@
 """In-process transports for simulation and tests. Messages still go through `serde` as bytes.
 
 - `ThreadTransport` runs given `ClientRunner`s in a thread pool (tests, tiny federations).
-- `PoolTransport` runs an app's virtual clients in a process pool: each worker loads the app and
-  its data split once, then builds the client for whichever id a task names. With `sticky`
-  every client id has one worker process of its own (id mod workers), so state a client keeps
-  in memory between messages (a SecAgg+ round's keys and shares) is there for its next one.
+- `PoolTransport` runs an app's virtual clients in a process pool (`plinth.runtime.pool`): each
+  worker loads the app and its data split once, then builds the client for whichever id a task
+  names. With `sticky` every client id has one worker process of its own (id mod workers), so
+  state a client keeps in memory between messages (a SecAgg+ round's keys and shares) is there
+  for its next one.
 """
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -17,6 +17,7 @@ from typing import Any
 
 from plinth.fl.client import AppClients, ClientRunner
 from plinth.fl.messages import ClientInfo
+from plinth.runtime.pool import process_pool
 
 
 class ThreadTransport:
@@ -84,9 +85,7 @@ class PoolTransport:
                        for _ in range(self._workers // self._per_pool)]
 
     def _start(self, processes: int) -> ProcessPoolExecutor:
-        # spawn, not fork: forking a process that has started torch or BLAS threads can hang.
-        return ProcessPoolExecutor(processes, mp_context=mp.get_context("spawn"),
-                                   initializer=_init_worker, initargs=self._init)
+        return process_pool(processes, _init_worker, self._init)
 
     def clients(self) -> list[ClientInfo]:
         return [ClientInfo(str(i), {"num_examples": n}) for i, n in enumerate(self.sizes)]

@@ -14,9 +14,8 @@ actor c mod N always, so state a client keeps in memory (a SecAgg+ round's keys)
 for its next message. A task cancelled before it reached an actor is never sent. When an
 actor dies, its tasks fail as a lost client would, and a new actor takes its place.
 
-`ray_session` connects to a Ray cluster (HOST:PORT or auto, through the Ray runtime's own
-connect, with its loopback handling and one-line errors) or starts a private local Ray, and
-stops what it started.
+The Ray session (a cluster joined, or a private local Ray) and the actors are started by
+`plinth.runtime.pool`.
 """
 
 from __future__ import annotations
@@ -25,21 +24,17 @@ import logging
 import math
 import os
 import queue
-import shutil
-import sys
-import tempfile
 import threading
 from collections import deque
-from collections.abc import Iterator
 from concurrent.futures import Future
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 from plinth.core.errors import PlinthError
 from plinth.fl.messages import ClientInfo
+from plinth.runtime.pool import ray_actor
+from plinth.runtime.ray_connect import one_line
 
-OBJECT_STORE_BYTES = 512 * 2**20  # a private Ray's object store; the payloads are small
 READY_TIMEOUT_S = 300.0  # how long the actors may take to load the app
 DEPTH = 2  # tasks held by one actor at a time: the one it runs and the next
 
@@ -75,7 +70,7 @@ class _Task:
 class RayTransport:
     """Virtual clients ``0 … num_clients-1`` of the app at `app_path`, on `actors` Ray actors
     (default: as many as the cluster's CPUs and GPUs hold, at most one per client).
-    Ray must be connected (`ray_session`)."""
+    Ray must be connected (`plinth.runtime.pool.ray_session`)."""
 
     landing: Any = None  # replies come back whole, never landed
     max_reply: int | None = None  # from processes of ours, not off a network: no limit
@@ -96,8 +91,7 @@ class RayTransport:
             raise PlinthError(f"--workers {actors}: the Ray cluster holds {fit} client actors "
                               f"of {client_cpus:g} CPUs and {client_gpus:g} GPUs")
         n = actors or fit
-        self._cls = ray.remote(num_cpus=client_cpus, num_gpus=client_gpus,
-                               max_restarts=0)(ClientEngine)
+        self._cls = ray_actor(ClientEngine, cpus=client_cpus, gpus=client_gpus)
         self._init = (app_path, overrides, num_clients, state_dir,
                       max(1, math.floor(client_cpus)))
         self._actors = [self._cls.remote(*self._init) for _ in range(n)]
@@ -127,7 +121,7 @@ class RayTransport:
         except ray.exceptions.RayError as e:
             self._kill_all()
             raise PlinthError(f"--backend ray: a client actor failed to load the app: "
-                              f"{_one_line(e)}") from None
+                              f"{one_line(e)}") from None
 
     # --------------------------------------------------------------- the transport interface
 
@@ -244,54 +238,3 @@ def fitting_actors(total: dict[str, float], num_clients: int, *, client_cpus: fl
                           f"Ray cluster has {total.get('CPU', 0):g} CPUs and "
                           f"{total.get('GPU', 0):g} GPUs, not enough for one client")
     return n
-
-
-@contextmanager
-def ray_session(address: str | None, *, num_cpus: int | None = None,
-                object_store_bytes: int = OBJECT_STORE_BYTES) -> Iterator[Any]:
-    """Ray, connected to the cluster at `address` (HOST:PORT or auto) or, without one, to the
-    Ray this process already has or else a private local Ray of `num_cpus` CPUs; what this
-    started or joined is stopped or left at the end."""
-    tmp, owned = None, False
-    try:
-        if address:
-            from plinth.runtime.ray_connect import NAMESPACE, connect_ray
-
-            # not imported here: the loopback switch must be set before Ray is first imported
-            before = sys.modules.get("ray")
-            owned = before is None or not before.is_initialized()
-            ray = connect_ray(address, NAMESPACE)
-        elif (ray := sys.modules.get("ray")) is not None and ray.is_initialized():
-            pass  # this process already has a Ray (a notebook's ray.init, a test's): use it
-        else:
-            ray = _ray_or_none()
-            if ray is None:
-                raise PlinthError("--backend ray: Ray is not installed; pip install "
-                                  "'ray[default]'")
-            # A short folder of its own: Ray's socket paths must fit in 107 bytes, and other
-            # Rays on this machine keep theirs in /tmp/ray.
-            tmp = tempfile.mkdtemp(prefix="plfl-", dir="/tmp")
-            ray.init(num_cpus=num_cpus or os.cpu_count(), object_store_memory=object_store_bytes,
-                     include_dashboard=False, log_to_driver=False,
-                     logging_level=logging.ERROR, _temp_dir=tmp)
-            owned = True
-        yield ray
-    finally:
-        ray = sys.modules.get("ray")
-        if ray is not None and ray.is_initialized() and (tmp or owned):
-            ray.shutdown()
-        if tmp:
-            shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _ray_or_none() -> Any:
-    try:
-        import ray
-    except ImportError:
-        return None
-    return ray
-
-
-def _one_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return (text[-1] if text else type(e).__name__)[:300]

@@ -52,8 +52,8 @@ class _Relay(Strategy):
 
     name = "relay"
 
-    def __init__(self, threads: int = 1) -> None:
-        super().__init__(threads=threads)
+    def __init__(self) -> None:
+        super().__init__()
         self.config: Config = {}
         self.mean: NDArrays | None = None
         self.total = 0.0  # examples behind `mean`
@@ -84,7 +84,7 @@ class MiddleAggregator:
         if clients < 1:
             raise PlinthError(f"--clients: an aggregator needs at least 1 client (got {clients})")
         self.downstream, self.clients = downstream, clients
-        self.relay = _Relay(threads)
+        self.relay = _Relay()
         # `fraction` of the joined clients (every one by default, at least one) take part in
         # each task; once `clients` have joined (see `wait_for_clients`), a task runs on
         # whoever is still there. With `aggregation` in tree mode, the machine's leaves fold
@@ -94,8 +94,12 @@ class MiddleAggregator:
             raise PlinthError(f"--fraction: {fraction:g} is not in (0, 1]")
         cfg = ServerSpec(fraction=fraction, min_clients=1, min_available=1,
                          straggler_timeout=straggler_timeout, wait_timeout=wait_timeout,
-                         aggregation=aggregation or AggregationSpec())
+                         aggregation_threads=threads, aggregation=aggregation or AggregationSpec())
         self.server = Server(self.relay, downstream, cfg, checkpoint=status)
+
+    def close(self) -> None:
+        """Stop what its server started (the machine's aggregator tree)."""
+        self.server.close()
 
     def wait_for_clients(self) -> int:
         """Block until `clients` have joined; returns their declared examples in all (what this
