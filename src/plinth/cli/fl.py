@@ -231,7 +231,7 @@ def aggregator(
                                                  "take part in each round (at least one).")]
         = 1.0,
     status_dir: Annotated[str | None, typer.Option(help="With server.aggregation.mode: tree, "
-                                                        "write each round's tree.json here.")]
+                                                        "keep its state (tree.json) here.")]
         = None,
     tokens: TokensOpt = None,
     no_tokens: NoTokensOpt = False,

@@ -458,7 +458,7 @@ class ControlPlane:
     def workload_dir(self, workload_id: int, tenant: str) -> Path:
         """A workload's folder in its tenant's own: its units' state (checkpoints, results,
         status), made by the units themselves, as the tenant; the control plane makes nothing
-        in it and reads from it only through `tenantfs.read_regular`."""
+        in it and reads nothing from it."""
         run_as = self.run_as(tenant)
         user = users.UnixUser.named(run_as) if run_as else None
         return self.tenant_root(tenant, user) / f"workload-{workload_id}"

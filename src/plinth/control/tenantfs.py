@@ -18,13 +18,10 @@ the tenant's. So the control plane never writes into a folder a tenant can write
   and every folder is checked to be the control plane's own, never a link. With no jobs
   directory (a control plane that is not root runs every job as its own user) the same folders
   are ``$PLINTH_HOME/workloads/workload-N``.
-- What the units write (checkpoints, results, status such as ``tree.json``) stays in the
-  tenant's folder, made there by the units themselves, as the tenant. The control plane never
-  makes or chowns anything in it.
-- What the control plane reads back from there (`read_regular`) it opens folder by folder from
-  the tenant's own, with ``O_NOFOLLOW|O_NONBLOCK``, as a regular file of the tenant's only and
-  up to a size cap: a link, a FIFO or another user's file there reads as nothing, and never
-  blocks the control loop.
+- What the units write (checkpoints, results) stays in the tenant's folder, made there by the
+  units themselves, as the tenant. The control plane never makes, chowns or reads anything in
+  it: what a controller needs to know, the units report over the API
+  (`plinth.runtime.report`).
 """
 
 from __future__ import annotations
@@ -125,35 +122,3 @@ def handout(jobs_dir: Path | None, home: Path, tenant: str, gid: int, workload: 
     top = owned_dir(jobs_dir / CONTROL, 0o711, os.getegid())
     mine = owned_dir(top / tenant, DIR_MODE, gid)
     return Handout(owned_dir(mine / workload, DIR_MODE, gid), gid)
-
-
-def read_regular(base: Path, rel: str, limit: int) -> bytes | None:
-    """The bytes of `base/rel` where `base` is a tenant's own folder: each folder of `rel`
-    opened without following a link, the file only if it is a regular file owned by `base`'s
-    owner and at most `limit` bytes; else None. Never blocks (a FIFO is not waited on)."""
-    parts = [p for p in rel.split("/") if p]
-    if not parts or any(p in (".", "..") for p in parts):
-        raise ValueError(f"read_regular: {rel!r} is not a path inside a folder")
-    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
-    fds: list[int] = []
-    try:
-        fds.append(os.open(base, flags | os.O_DIRECTORY))
-        owner = os.fstat(fds[0]).st_uid
-        for p in parts[:-1]:
-            fds.append(os.open(p, flags | os.O_DIRECTORY, dir_fd=fds[-1]))
-        fds.append(os.open(parts[-1], flags | os.O_NONBLOCK | os.O_NOCTTY, dir_fd=fds[-1]))
-        st = os.fstat(fds[-1])
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != owner or st.st_size > limit:
-            return None
-        out = bytearray()
-        while len(out) <= limit:
-            got = os.read(fds[-1], min(1 << 20, limit + 1 - len(out)))
-            if not got:
-                break
-            out += got
-        return None if len(out) > limit else bytes(out)
-    except OSError:  # missing, a link (ELOOP), not a folder (ENOTDIR), no access
-        return None
-    finally:
-        for fd in fds:
-            os.close(fd)

@@ -78,7 +78,7 @@ class Checkpointer:
         self.reports.round(record)
 
     def tree(self, shape: dict[str, Any]) -> None:
-        """The round's aggregator tree (`TreeController.shape_doc`), kept as `shape`: its size
+        """The round's aggregator tree (`TreeAggregation.shape_doc`), kept as `shape`: its size
         is reported."""
         self.shape = shape
         self.reports.tree(int(shape["leaves"]))

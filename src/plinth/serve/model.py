@@ -2,7 +2,7 @@
 
 A model reference (`model:` in a Service spec, `--model` of a replica) is one of:
 
-- a built-in name (`tiny-cnn`, `mlp`; see `plinth.serve.spec.MODELS`), seeded so every replica
+- a built-in name (`tiny-cnn`, `mlp`; see `plinth.serve.models.MODELS`), seeded so every replica
   answers the same;
 - ``MODULE:FACTORY``: MODULE is imported with the service's workdir on `sys.path`, and FACTORY()
   returns a `torch.nn.Module`;
@@ -39,7 +39,7 @@ _FACTORY_REF = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 Forward = Callable[[torch.Tensor], torch.Tensor]
 
 
-# --- the built-in models (registered in plinth.serve.spec.MODELS) ------------------------------
+# --- the built-in models (registered in plinth.serve.models.MODELS) ------------------------------
 
 
 def tiny_cnn() -> torch.nn.Module:

@@ -238,7 +238,7 @@ class Hierarchy:
             self._standby.insert(0, leaf)
         for leaf in [x for x in self._standby if not x.external]:
             # a leaf of ours idle for more than keep_warm rounds is stopped; an external one is
-            # the controller's to stop (tree.json says how many the round wants)
+            # the controller's to stop (the server reports how many the round wants)
             leaf.idle += 1
             if leaf.idle > self.keep_warm:
                 self._standby.remove(leaf)

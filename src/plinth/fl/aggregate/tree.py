@@ -4,9 +4,9 @@
 first tree round and closes it at the end) and lives for the whole task: its leaf processes stay
 warm across rounds. Before each round `begin(expected)` sizes the tree with `size_tree` (a pure
 function of the expected updates, their size and the leaves' throughput, an EWMA of what they
-measured in earlier rounds), scales the active leaves to it, publishes the shape (`shape_doc`:
-the server writes it as ``tree.json`` in its checkpoint folder) and hands out a
-`TreeAccumulator`, which satisfies the `Accumulator` protocol.
+measured in earlier rounds), scales the active leaves to it, gives the shape (`shape_doc`:
+the server's checkpointer reports its size to the task's controller, `plinth.fl.reports`) and
+hands out a `TreeAccumulator`, which satisfies the `Accumulator` protocol.
 
 The network transport receives each update straight into a shared-memory slot of the tree
 (`landing`); `add_many` runs the common boundary check (`vet`) on the decoded views and hands each
