@@ -50,7 +50,7 @@ from typing import Any
 
 import numpy as np
 
-from plinth.control.service import policy_options as platform_policy_options
+from plinth.control.tenants import policy_options as platform_policy_options
 from plinth.core.jobspec import DEFAULT_ESTIMATE_S, JobSpec
 from plinth.core.errors import SpecError
 from plinth.core.resources import Cluster, Node, Request
