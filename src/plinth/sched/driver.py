@@ -153,6 +153,11 @@ class Driver:
                     ev = self._launched(ins, result, now)
                     if ev is not None:
                         feedback.append(ev)
+            # On a wall clock the launches took time: what the runtime reports now happened
+            # after this turn's pass, and is stepped (and stored) at the time it is seen, so
+            # that the record keeps the order the owner saw things in (a replay of it decides
+            # as the platform did). On a virtual clock it is the same instant.
+            now = self.clock()
             feedback += self.poll(now)
             out = self._handle(feedback, now)
 
