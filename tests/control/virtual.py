@@ -201,6 +201,6 @@ class VirtualPlatform:
 
     def _stop(self) -> None:
         self.http.close()
+        self.cp.loop.stop()
         self.cp.writer.close()
         self.cp.workloads.close()
-        self.cp.driver.close()

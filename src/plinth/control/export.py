@@ -50,14 +50,14 @@ from typing import Any
 
 import numpy as np
 
-from plinth.control.service import policy_options as platform_policy_options
-from plinth.core.jobspec import DEFAULT_ESTIMATE_S, JobSpec
+from plinth.control.tenants import policy_options as platform_policy_options
 from plinth.core.errors import SpecError
+from plinth.core.jobspec import DEFAULT_ESTIMATE_S, JobSpec
+from plinth.core.lifecycle import State
 from plinth.core.resources import Cluster, Node, Request
 from plinth.core.spec import TRUSTED
 from plinth.core.throughput import FIXED_SPEED
 from plinth.core.workload import Job
-from plinth.core.lifecycle import State
 from plinth.sched.quota import platform_quotas
 from plinth.sched.types import SchedConfig
 

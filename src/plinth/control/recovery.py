@@ -97,7 +97,7 @@ def recover(cp: ControlPlane) -> None:
         js.allocation = alloc
         js.start_time = js.first_start = row["start_time"]
         owner.restore(js, now, stop=stop)
-        handle = cp.handles[job.id] = Handle.from_dict(stored)
+        handle = cp.launches.handles[job.id] = Handle.from_dict(stored)
         if cp.runtime.adopt(handle):
             found.readopted += 1
             cp.store.add_events([Event(job.id, "re-adopted", "after a control plane restart: "

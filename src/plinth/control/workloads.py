@@ -27,8 +27,15 @@ from plinth.control.errors import NotFound
 from plinth.control.kinds import CONTROLLERS
 from plinth.control.tenantfs import Handout
 from plinth.core.errors import PlinthError, SpecError
-from plinth.core.kinds import (BaseController, Capacity, Observed, Workload, WorkloadState,
-                               check_workload_transition, reconcile)
+from plinth.core.kinds import (
+    BaseController,
+    Capacity,
+    Observed,
+    Workload,
+    WorkloadState,
+    check_workload_transition,
+    reconcile,
+)
 from plinth.core.lifecycle import State
 from plinth.core.spec import errors_message, spec_from_dict
 

@@ -153,6 +153,11 @@ class Driver:
                     ev = self._launched(ins, result, now)
                     if ev is not None:
                         feedback.append(ev)
+            # On a wall clock the launches took time: what the runtime reports now happened
+            # after this turn's pass, and is stepped (and stored) at the time it is seen, so
+            # that the record keeps the order the owner saw things in (a replay of it decides
+            # as the platform did). On a virtual clock it is the same instant.
+            now = self.clock()
             feedback += self.poll(now)
             out = self._handle(feedback, now)
 
@@ -189,13 +194,14 @@ class Driver:
         wait = 0.0 if pacer is None else pacer.wait_s()
         passes = owner.passes
         out = owner.handle(events, now, schedule=wait <= 0)
-        if owner.passes != passes:
-            self.deferred = None
-            if pacer is not None:
-                pacer.passed(out.policy_s)
-            if self.on_pass is not None:
-                self.on_pass(out)
-        elif wait > 0 and owner.pass_needed(now):  # too soon after the last: come back then
+        if wait <= 0:
+            self.deferred = None  # a pass ran if one was needed
+            if owner.passes != passes:
+                if pacer is not None:
+                    pacer.passed(out.policy_s)
+                if self.on_pass is not None:
+                    self.on_pass(out)
+        elif owner.pass_needed(now):  # too soon after the last: come back then
             self.deferred = now + wait
         return out
 

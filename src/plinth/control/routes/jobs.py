@@ -16,8 +16,8 @@ from typing import Any, Literal
 from pydantic import BaseModel
 
 from plinth.control.auth import Principal
-from plinth.control.routes.deps import MAX_ID, tenant_for
 from plinth.control.errors import NotFound
+from plinth.control.routes.deps import MAX_ID, tenant_for
 from plinth.control.service import ControlPlane
 from plinth.core.errors import SpecError
 from plinth.core.jobspec import JobSpec

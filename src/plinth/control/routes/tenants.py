@@ -8,9 +8,9 @@ from fastapi import APIRouter
 from pydantic import BaseModel, Field
 
 from plinth.control.auth import check_tenant_name
+from plinth.control.errors import NotFound
 from plinth.control.routes.deps import CP, STRICT, Admin, Tokens
 from plinth.control.routes.errors import BODY, READ, errors
-from plinth.control.errors import NotFound
 from plinth.control.store import TOKEN_ID_CHARS, digest
 from plinth.sched.quota import MAX_QUOTA_GPUS
 

@@ -17,11 +17,11 @@ from fastapi import APIRouter, Path, Query, Response
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 
 from plinth.control.auth import Principal
+from plinth.control.errors import NotFound
 from plinth.control.kinds import CONTROLLERS, check_kind
 from plinth.control.routes import jobs
 from plinth.control.routes.deps import CP, MAX_ID, Who, scope, tenant_for
 from plinth.control.routes.errors import BODY, READ, errors
-from plinth.control.errors import NotFound
 from plinth.control.service import ControlPlane
 from plinth.core.errors import SpecError
 from plinth.core.jobspec import JobSpec
