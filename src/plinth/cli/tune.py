@@ -17,6 +17,11 @@ app = typer.Typer(help="Tune models at the GPU or CPU share they will run at (SL
 console = Console(width=None if sys.stdout.isatty() else 120)
 
 
+@app.callback()
+def _group() -> None:
+    """A Tune spec is submitted with `plinth submit SPEC`; these commands read what it tuned."""
+
+
 def tune_table(ws: list[dict]) -> Table:
     """Tune tasks as `plinth ls` lists them under the jobs: the shares (cores on a CPU, percent
     of a GPU), how many of the clients are done, and the units running now (`plinth show`
