@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import pytest
 from plinth_platform import run_cli
-from virtual import VirtualPlatform
 
 from plinth.client import ApiError
 from plinth.control.holds import Holds, verdict
@@ -62,12 +61,6 @@ def test_sbatch_style_dependency_option() -> None:
 
 def job(command, **extra) -> dict:
     return {"name": extra.pop("name", "dep"), "command": command, **extra}
-
-
-@pytest.fixture
-def vp(tmp_path):
-    with VirtualPlatform(tmp_path) as p:
-        yield p
 
 
 def test_dependencies_hold_and_release(vp) -> None:
