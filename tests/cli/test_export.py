@@ -1,5 +1,6 @@
 """`plinth export`: how run times are read from the event log, what is left out, the scoring of a
-replay, and one-line errors for bad input (a real subprocess against a real `plinth up`)."""
+replay, and one-line errors for bad input (a real subprocess against a control plane in virtual
+time behind real HTTP; tests/control/test_export_fidelity.py exports a real `plinth up`)."""
 
 from __future__ import annotations
 
@@ -8,14 +9,19 @@ import math
 import os
 import subprocess
 import sys
-import time
+from pathlib import Path
 
 import pytest
 
 from plinth.control import export as ex
 from plinth.core.errors import SpecError
 from plinth.core.throughput import FIXED_SPEED
+from plinth.runtime.sim_behaviour import SimBehaviour
 from plinth.sim.traces import load_trace
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "control"))
+from virtual import VirtualPlatform  # noqa: E402 -- tests/control's harness
+from virtual_http import served  # noqa: E402
 
 SPEC = {"name": "j", "command": ["sleep", "1"], "resources": {"cpus": 0.5, "memory": 256,
                                                              "gpus": 1}}
@@ -124,7 +130,7 @@ def test_start_order_agreement():
         ex.start_order_agreement(list("ab"), list("ac"))
 
 
-# --- the command, against a real control plane --------------------------------------------
+# --- the command, against a control plane in virtual time behind real HTTP -----------------
 
 def plinth(*args: str, server: str | None = None, token: str | None = None, home=None):
     env = {k: v for k, v in os.environ.items() if not k.startswith("PLINTH_")}
@@ -141,15 +147,12 @@ def plinth(*args: str, server: str | None = None, token: str | None = None, home
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    from plinth.cli.quickstart import kill_jobs, start_server, stop_server
-    from plinth.core.net import free_port
-
-    home = tmp_path_factory.mktemp("export") / "home"
-    port = free_port()
-    proc = start_server(home, port, "--fake-gpus", "2xA100", "--grace", "1")
-    yield f"http://127.0.0.1:{port}", (home / "token").read_text().strip()
-    stop_server(proc)
-    kill_jobs(home)
+    """A control plane in virtual time (tests/control/virtual.py) as `plinth up --fake-gpus
+    2xA100` starts one, behind real HTTP on loopback: `plinth export` runs as a process of its
+    own against it. Yields (url, admin token, the platform)."""
+    with VirtualPlatform(tmp_path_factory.mktemp("export"), cluster="1x2xA100",
+                         min_runtime_s=30, grace_s=1) as vp, served(vp) as api:
+        yield api.url, api.token, vp
 
 
 def one_line(r: subprocess.CompletedProcess, needle: str) -> None:
@@ -159,14 +162,14 @@ def one_line(r: subprocess.CompletedProcess, needle: str) -> None:
 
 
 def test_no_jobs_is_a_one_line_error(server, tmp_path):
-    url, token = server
+    url, token, _ = server
     r = plinth("-o", str(tmp_path / "t.csv"), server=url, token=token)
     one_line(r, "nothing to export: none of the 0 jobs at")
     assert not (tmp_path / "t.csv").exists()
 
 
 def test_an_unknown_home_or_server_is_a_one_line_error(server, tmp_path):
-    url, _ = server
+    url, _, _ = server
     # A home without a token: the server refuses, in one line.
     one_line(plinth("-o", str(tmp_path / "t.csv"), server=url, home=tmp_path / "nowhere"),
              "missing or unknown API token (HTTP 401)")
@@ -181,15 +184,16 @@ def test_an_unknown_home_or_server_is_a_one_line_error(server, tmp_path):
 def test_a_running_job_is_left_out_with_a_note_and_the_rest_exported(server, tmp_path):
     from plinth.client import Client
 
-    url, token = server
+    url, token, vp = server
+    vp.behave("busy", SimBehaviour(exit_at=60.0))
     with Client(url, token) as c:
         done = c.submit({**SPEC, "name": "quick", "command": ["true"],
                          "resources": {"cpus": 0.1, "memory": 64, "gpus": 1}})
-        assert c.wait(done, timeout=60) == "succeeded"
+        vp.run_until(lambda: c.job(done)["state"] == "succeeded", limit_s=30)
         busy = c.submit({**SPEC, "name": "busy", "command": ["sleep", "60"],
                          "resources": {"cpus": 0.1, "memory": 64, "gpus": 1}})
-        while c.job(busy)["state"] != "running":
-            time.sleep(0.05)
+        vp.step()
+        assert c.job(busy)["state"] == "running"
         try:
             out = tmp_path / "run.csv"
             r = plinth("-o", str(out), server=url, token=token)
@@ -197,7 +201,8 @@ def test_a_running_job_is_left_out_with_a_note_and_the_rest_exported(server, tmp
             assert f"job {busy} (busy, running): not finished" in r.stderr
             assert "exported 1 of 2 jobs" in r.stdout and "plinth sim --trace" in r.stdout
             trace = load_trace(str(out), "csv")
-            assert [j.name for j in trace.jobs] == [str(done)] and trace.jobs[0].duration > 0
+            assert [j.name for j in trace.jobs] == [str(done)]
+            assert trace.jobs[0].duration == 1.0  # the quick job's second, as it ran
             assert "A100" in (tmp_path / "run.cluster.yaml").read_text()
             meta = ex.read_meta(tmp_path / "run.meta.json")
             assert meta["policy"] == "drf" and meta["sched_config"]["min_runtime"] == 30

@@ -1,4 +1,5 @@
-"""Fixtures: a real PostgreSQL server when the machine has one, and a running control plane."""
+"""Fixtures: a real PostgreSQL server when the machine has one, a running control plane, and one
+in virtual time."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from plinth_platform import Platform, reachable
+from virtual import VirtualPlatform
 
 from plinth.core.net import free_port
 
@@ -65,6 +67,13 @@ def platform(tmp_path) -> Iterator[Platform]:
     yield p
     p.stop()
     p.kill_jobs()
+
+
+@pytest.fixture
+def vp(tmp_path) -> Iterator[VirtualPlatform]:
+    """A control plane in virtual time (virtual.py): 1x4xA100, drf, `plinth up`'s defaults."""
+    with VirtualPlatform(tmp_path) as p:
+        yield p
 
 
 @pytest.fixture

@@ -1,6 +1,7 @@
 """What Slurm and kubectl users expect of the CLI: submit --wait, ls filters and output
-formats, 80 columns, --version, restart events and the recovery line (in virtual time:
-virtual.py), specs run from anywhere."""
+formats, 80 columns, --version, restart events and the recovery line, specs run from anywhere.
+`ls` and the restart run on a control plane in virtual time (virtual.py; the CLI over real HTTP:
+virtual_http.py); what needs a job to run or to wait for, on a real one."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pathlib import Path
 import yaml
 from plinth_platform import run_cli as cli
 from virtual import VirtualPlatform
+from virtual_http import served
 
 import plinth
 from plinth.runtime.sim_behaviour import SimBehaviour
@@ -41,34 +43,33 @@ def ids(table: str) -> list[int]:
             if line.split() and line.split()[0].isdigit()]
 
 
-def test_ls_filters_and_formats(shared_platform, wait_for) -> None:
-    with shared_platform.client() as c:
+def test_ls_filters_and_formats(vp) -> None:
+    vp.behave("fmt-run", SimBehaviour(exit_at=300.0))
+    with vp.client() as c:
         c.set_tenant("fmt")
-        with shared_platform.client(c.add_token("fmt")) as t:
+        with vp.client(c.add_token("fmt")) as t:
             done = t.submit({"name": "fmt-done", "command": ["true"]})
-            t.wait(done, timeout=60)
+            vp.run_until(lambda: t.job(done)["state"] == "succeeded", limit_s=30)
             run = t.submit({"name": "fmt-run", "command": "sleep 300"})
-            wait_for(lambda: t.job(run)["state"] == "running", what="running")
-    try:
-        r = cli(shared_platform, "ls", "--tenant", "fmt", "-o", "json")
+            vp.step()
+            assert t.job(run)["state"] == "running"
+    with served(vp) as api:
+        r = cli(api, "ls", "--tenant", "fmt", "-o", "json")
         assert [j["id"] for j in json.loads(r.stdout)] == [run]  # active only by default
-        r = cli(shared_platform, "ls", "-a", "--tenant", "fmt", "-o", "yaml")
+        r = cli(api, "ls", "-a", "--tenant", "fmt", "-o", "yaml")
         assert sorted(j["id"] for j in yaml.safe_load(r.stdout)) == [done, run]
-        r = cli(shared_platform, "ls", "--tenant", "fmt", "--state", "succeeded,pending")
+        r = cli(api, "ls", "--tenant", "fmt", "--state", "succeeded,pending")
         assert ids(r.stdout) == [done]
-        r = cli(shared_platform, "ls", "-a", "--tenant", "fmt", "--name", "fmt-run", "-o", "wide")
+        r = cli(api, "ls", "-a", "--tenant", "fmt", "--name", "fmt-run", "-o", "wide")
         head = r.stdout.splitlines()[0].split()
         assert "ATTEMPT" in head and "SUBMITTED" in head and ids(r.stdout) == [run]
         # in an 80-column terminal -o wide is wider than 80, not cut to "SUBM…"
-        r = cli(shared_platform, "ls", "-a", "--tenant", "fmt", "-o", "wide", columns=80)
+        r = cli(api, "ls", "-a", "--tenant", "fmt", "-o", "wide", columns=80)
         head = r.stdout.splitlines()[0].split()
         assert head[-2:] == ["SUBMITTED", "REASON"] and "…" not in r.stdout, r.stdout
         assert sorted(ids(r.stdout)) == [done, run]
-        r = cli(shared_platform, "ls", "-o", "xml")
+        r = cli(api, "ls", "-o", "xml")
         assert r.returncode == 2 and "--output" in r.stderr
-    finally:
-        with shared_platform.client() as c:
-            c.cancel(run)
 
 
 def test_ls_fits_80_columns(shared_platform) -> None:

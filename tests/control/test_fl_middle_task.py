@@ -7,7 +7,6 @@ flat run."""
 from __future__ import annotations
 
 import re
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,10 +14,12 @@ from pathlib import Path
 import psutil
 import pytest
 import yaml
-from plinth_platform import Platform, with_shims
+from plinth_platform import with_shims
 from plinth_platform import run_cli as cli
 from test_fl_tasks import app, start_client, task_platform
 from test_fl_tree_task import jobs_dir
+from virtual import VirtualPlatform
+from virtual_http import served
 
 from plinth.core.kinds import LocalContext, Observed, Workload, reconcile
 from plinth.core.errors import SpecError
@@ -135,23 +136,21 @@ def test_middles_that_cannot_each_have_a_node_or_that_skip_consent_are_refused(t
     doc = yaml.safe_load(spec.read_text())
     doc["server"] |= {"aggregation": {"mode": "tree", "middles": 3}}
     spec.write_text(yaml.safe_dump(doc))
-    p = Platform(tmp_path / "home", fake_gpus="2xA100,2xV100").start()
-    try:
-        out = cli(p, "submit", str(spec))
+    # a control plane in virtual time on two nodes (virtual.py), the CLI over real HTTP
+    with VirtualPlatform(tmp_path, cluster="1x2xA100,1x2xV100") as vp, served(vp) as api:
+        out = cli(api, "submit", str(spec))
         assert out.returncode != 0
         assert "server.aggregation.middles: 3 middle aggregators need a node each, and the " \
                "cluster has 2" in out.stderr, out.stderr
-        assert p.client().workloads(all=True) == []  # nothing of it was kept
-        # as a flat app by hand, the server says who starts middles
-        doc["server"]["aggregation"]["middles"] = 1
-        spec.write_text(yaml.safe_dump(doc))
-        out = subprocess.run([sys.executable, "-m", "plinth.cli.main", "fl", "server",
-                              str(spec), "--no-tokens"], capture_output=True, text=True,
-                             timeout=120)
-        assert out.returncode != 0 and "only an FLTask's controller starts middle " \
-            "aggregators" in out.stderr, out.stderr
-    finally:
-        p.stop()
+        assert vp.client().workloads(all=True) == []  # nothing of it was kept
+    # as a flat app by hand, the server says who starts middles
+    doc["server"]["aggregation"]["middles"] = 1
+    spec.write_text(yaml.safe_dump(doc))
+    out = subprocess.run([sys.executable, "-m", "plinth.cli.main", "fl", "server",
+                          str(spec), "--no-tokens"], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode != 0 and "only an FLTask's controller starts middle " \
+        "aggregators" in out.stderr, out.stderr
     with pytest.raises(SpecError, match=r"server.aggregation.middles: consent is checked"):
         parse_app({**doc, "consent": {"registry": "consent.db", "purpose": "research"}},
                   base_dir=str(tmp_path))

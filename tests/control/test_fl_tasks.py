@@ -18,6 +18,7 @@ import psutil
 import yaml
 from plinth_platform import Platform, reachable, tenants_own, with_shims
 from plinth_platform import run_cli as cli
+from virtual_http import served
 
 APPS = Path(__file__).parents[1] / "fl" / "apps"
 ROUNDS = 40
@@ -172,19 +173,21 @@ def test_one_client_process_holds_several_clients_each_proven_by_its_own_token(t
         assert "clients 0-3: 12 tasks done" in out, out
 
 
-def test_an_fl_task_without_client_tokens_is_refused(tmp_path, shared_platform) -> None:
+def test_an_fl_task_without_client_tokens_is_refused(tmp_path, vp) -> None:
+    """On a control plane in virtual time (virtual.py), the CLI over real HTTP."""
     spec = app(tmp_path)
     doc = yaml.safe_load(spec.read_text())
     doc.pop("transport")
     spec.write_text(yaml.safe_dump(doc))
-    out = cli(shared_platform, "submit", str(spec))
-    assert out.returncode != 0
-    assert "transport.tokens: an FLTask's server is reachable on the network" in out.stderr
-    doc["transport"] = {"tokens": "missing.txt"}
-    spec.write_text(yaml.safe_dump(doc))
-    out = cli(shared_platform, "submit", str(spec))
-    assert "transport.tokens: no such file" in out.stderr
-    assert all(w["name"] != "digits-fl" for w in shared_platform.client().workloads(all=True))
+    with served(vp) as api:
+        out = cli(api, "submit", str(spec))
+        assert out.returncode != 0
+        assert "transport.tokens: an FLTask's server is reachable on the network" in out.stderr
+        doc["transport"] = {"tokens": "missing.txt"}
+        spec.write_text(yaml.safe_dump(doc))
+        out = cli(api, "submit", str(spec))
+        assert "transport.tokens: no such file" in out.stderr
+    assert all(w["name"] != "digits-fl" for w in vp.client().workloads(all=True))
 
 
 def test_a_tree_tasks_leaf_aggregators_are_units_on_the_servers_node(tmp_path, wait_for):

@@ -1,12 +1,12 @@
 """Dependencies (after, afterany, afterok, afternotok) and job arrays (`array: 0-99%10`), held in
 the control plane until they may run, as Slurm holds them. Most run on a control plane in
-virtual time (virtual.py); the array's CLI and its tasks' environment, on a real one."""
+virtual time (virtual.py); the array's tasks' environment and `submit --wait`, on a real one."""
 
 from __future__ import annotations
 
 import pytest
 from plinth_platform import run_cli
-from virtual import VirtualPlatform
+from virtual_http import served
 
 from plinth.client import ApiError
 from plinth.core.errors import SpecError
@@ -69,12 +69,6 @@ def test_sbatch_style_dependency_option() -> None:
 
 def job(command, **extra) -> dict:
     return {"name": extra.pop("name", "dep"), "command": command, **extra}
-
-
-@pytest.fixture
-def vp(tmp_path):
-    with VirtualPlatform(tmp_path) as p:
-        yield p
 
 
 def test_dependencies_hold_and_release(vp) -> None:
@@ -172,19 +166,22 @@ def test_a_dependency_on_an_array_waits_for_all_its_tasks(vp) -> None:
             min(t["start_time"] for t in tasks) + 6
 
 
-def test_cancelling_an_array_cancels_its_tasks(shared_platform, wait_for) -> None:
-    with shared_platform.client() as c:
-        head = c.submit(job("sleep 30", name="arr-cancel", array="0-3%1"))
-        wait_for(lambda: c.job(head)["state"] == "running", what="the first task")
-    r = run_cli(shared_platform, "cancel", str(head))
-    assert r.returncode == 0, r.stderr
-    # what happened to the tasks, not the state of the first one
-    assert r.stdout.startswith(f"array {head}: ") and "cancelled" in r.stdout, r.stdout
-    with shared_platform.client() as c:
-        states = {t["state"] for t in c.jobs(array=head, all=True)}
-        wait_for(lambda: {t["state"] for t in c.jobs(array=head, all=True)} == {"cancelled"},
-                 what="every task cancelled")
-    assert states <= {"cancelled", "stopping"}
+def test_cancelling_an_array_cancels_its_tasks(vp) -> None:
+    vp.behave("arr-cancel", SimBehaviour(exit_at=30.0, ignore_term=True))  # stops in the grace
+    with vp.client() as c:
+        head = c.submit(job(["true"], name="arr-cancel", array="0-3%1"))
+        vp.step()
+        assert c.job(head)["state"] == "running"
+        with served(vp) as api:
+            r = run_cli(api, "cancel", str(head))
+        assert r.returncode == 0, r.stderr
+        # what happened to the tasks, not the state of the first one
+        assert r.stdout.startswith(f"array {head}: ") and "cancelled" in r.stdout, r.stdout
+        states = [t["state"] for t in c.jobs(array=head, all=True)]
+        assert sorted(states) == ["cancelled"] * 3 + ["stopping"]
+        vp.run_until(lambda: {t["state"] for t in c.jobs(array=head, all=True)} == {"cancelled"},
+                     limit_s=30)
+        assert [t["start_time"] for t in c.jobs(array=head, all=True)].count(None) == 3
 
 
 def test_holds_survive_a_restart(vp) -> None:

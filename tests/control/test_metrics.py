@@ -1,42 +1,47 @@
-"""/metrics on a real control plane, parsed with prometheus_client's own parser after a known
-sequence of submissions and completions."""
+"""/metrics of a control plane in virtual time (virtual.py), parsed with prometheus_client's own
+parser after a known sequence of submissions and completions."""
 
 from __future__ import annotations
 
-import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from virtual import VirtualPlatform
+
+from plinth.runtime.sim_behaviour import SimBehaviour
 
 
-def job(command: str, gpus: int, name: str = "m") -> dict:
-    return {"name": name, "command": command, "resources": {"cpus": 0.1, "memory": "1Gi",
-                                                           "gpus": gpus}}
+def job(name: str, gpus: int) -> dict:
+    return {"name": name, "command": ["true"], "resources": {"cpus": 0.1, "memory": "1Gi",
+                                                             "gpus": gpus}}
 
 
-def scrape(platform, token: str) -> dict[tuple[str, tuple], float]:
-    r = httpx.get(f"{platform.url}/metrics", headers={"Authorization": f"Bearer {token}"})
+def scrape(vp: VirtualPlatform, token: str | None = None) -> dict[tuple[str, tuple], float]:
+    with vp.client(token) as c:
+        r = c._http.get("/metrics")
     assert r.status_code == 200, r.text
     assert r.headers["content-type"].startswith("text/plain")
     return {(s.name, tuple(sorted(s.labels.items()))): s.value
             for fam in text_string_to_metric_families(r.text) for s in fam.samples}
 
 
-def test_metrics_after_known_submissions(platform, wait_for) -> None:
-    with platform.client() as admin:
+def test_metrics_after_known_submissions(vp) -> None:
+    vp.behave("hog", SimBehaviour(exit_at=600.0))
+    with vp.client() as admin:
         admin.set_tenant("team-b", None, None)
         b_token = admin.add_token("team-b")
-        done = [admin.submit(job("true", 1, f"quick-{i}")) for i in range(2)]
-        for j in done:
-            assert admin.wait(j, timeout=60) == "succeeded"
+        done = [admin.submit(job(f"quick-{i}", 1)) for i in range(2)]
+        vp.run_until(lambda: all(admin.job(j)["state"] == "succeeded" for j in done), 30)
         # Not preemptible: team-b's fair share must not take the hog's GPUs back mid-test.
-        hog = admin.submit({**job("sleep 60", 4, "hog"), "preemptible": False})
-        wait_for(lambda: admin.job(hog)["state"] == "running", what="hog running")
-        queued = [admin.submit(job("true", 1, f"queued-{i}")) for i in range(2)]
-    with platform.client(b_token) as b:
-        b_job = b.submit(job("true", 2, "b-queued"))
-        wait_for(lambda: b.job(b_job)["reason"] not in ("", "queued"), what="b's job considered")
+        hog = admin.submit({**job("hog", 4), "preemptible": False})
+        vp.step()
+        assert admin.job(hog)["state"] == "running"
+        queued = [admin.submit(job(f"queued-{i}", 1)) for i in range(2)]
+    with vp.client(b_token) as b:
+        b_job = b.submit(job("b-queued", 2))
+        vp.step()
+        assert b.job(b_job)["reason"] not in ("", "queued")
 
-    m = scrape(platform, platform.token)
+    m = scrape(vp)
     assert m[("plinth_jobs_submitted_total", (("kind", "Job"), ("tenant", "default")))] == 5
     assert m[("plinth_jobs_submitted_total", (("kind", "Job"), ("tenant", "team-b")))] == 1
     assert m[("plinth_jobs", (("state", "succeeded"),))] == 2
@@ -57,30 +62,29 @@ def test_metrics_after_known_submissions(platform, wait_for) -> None:
     # The hooks for kinds that do not run here yet are declared, with no series.
     assert not any(name.startswith(("plinth_fl_", "plinth_service_")) for name, _ in m)
 
-    with platform.client() as admin:
+    with vp.client() as admin:
         admin.cancel(hog)
-        assert admin.wait(hog, timeout=30) == "cancelled"
-        wait_for(lambda: admin.job(queued[0])["state"] != "pending", what="the queue to move")
-    m = scrape(platform, platform.token)
+        vp.run_until(lambda: admin.job(hog)["state"] == "cancelled", 30)
+        vp.run_until(lambda: admin.job(queued[0])["state"] != "pending", 30)
+    m = scrape(vp)
     assert m[("plinth_jobs", (("state", "cancelled"),))] == 1
     assert m[("plinth_scheduler_decisions_total", (("kind", "started"),))] >= 4
 
 
 @pytest.mark.parametrize("who", ["none", "bogus", "tenant"])
-def test_metrics_need_an_admin_token(shared_platform, who) -> None:
-    headers = {}
-    if who == "bogus":
-        headers = {"Authorization": "Bearer plt_not-a-token"}
-    elif who == "tenant":
-        with shared_platform.client() as admin:
+def test_metrics_need_an_admin_token(vp, who) -> None:
+    token = {"none": "", "bogus": "plt_not-a-token"}.get(who)
+    if who == "tenant":
+        with vp.client() as admin:
             admin.set_tenant("peek", None, None)
-            headers = {"Authorization": f"Bearer {admin.add_token('peek')}"}
-    r = httpx.get(f"{shared_platform.url}/metrics", headers=headers)
+            token = admin.add_token("peek")
+    with vp.client(token) as c:
+        r = c._http.get("/metrics")
     assert r.status_code == (403 if who == "tenant" else 401)
     assert "plinth_" not in r.text and len(r.json()["detail"].splitlines()) == 1
 
 
-def test_the_grafana_example_reads_only_exposed_metrics(shared_platform) -> None:
+def test_the_grafana_example_reads_only_exposed_metrics(vp) -> None:
     import json
     import re
     from pathlib import Path
@@ -89,8 +93,7 @@ def test_the_grafana_example_reads_only_exposed_metrics(shared_platform) -> None
     exprs = [t["expr"] for p in board["panels"] for t in p["targets"]]
     used = {re.sub(r"_(bucket|total)$", "", m) for e in exprs
             for m in re.findall(r"\bplinth_[a-z_]+", e)}
-    r = httpx.get(f"{shared_platform.url}/metrics",
-                  headers={"Authorization": f"Bearer {shared_platform.token}"})
+    r = vp.http.get("/metrics")
     exposed = {f.name for f in text_string_to_metric_families(r.text)}
     assert used and used <= exposed, used - exposed
     assert len(used) == 11  # every metric the control plane exports has a panel

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import signal
 import sqlite3
-import time
 from contextlib import closing
 
 import psutil
@@ -37,7 +36,9 @@ def test_sigkill_restart_readopts_and_keeps_the_queue(platform, wait_for, tmp_pa
     ids = {done, hog, short, queued}
 
     platform.stop(signal.SIGKILL)
-    time.sleep(1.5)  # `short` exits while nobody watches; its exit code waits in its exit file
+    # `short` exits while nobody watches; its exit code waits in its exit file
+    wait_for(lambda: any((platform.home / "runtime" / "exit").glob(f"j{short}-*.exit")),
+             what="short's exit file")
     platform.start()
 
     with platform.client() as c:

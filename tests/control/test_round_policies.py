@@ -1,11 +1,16 @@
-"""Gavel and Themis on a real control plane: lease ends and moves to other GPU models run
-checkpoint-then-stop through the job SDK, and the next attempt resumes from the checkpoint."""
+"""Gavel and Themis on the platform: lease ends and moves to other GPU models run
+checkpoint-then-stop, and the next attempt resumes from the checkpoint. Gavel on a real control
+plane, through the job SDK; Themis in virtual time (virtual.py), where its leases are seen to
+end."""
 
 from __future__ import annotations
 
 import re
 
 import pytest
+from virtual import VirtualPlatform
+
+from plinth.runtime.sim_behaviour import SimBehaviour
 
 STEPS = 24
 
@@ -19,14 +24,12 @@ def resumable(name: str, sleep: float) -> dict:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("policy", "round_s", "sleep"), [("gavel", 10, 0.6),
-                                                         ("themis", 6, 0.4)])
-def test_leases_move_jobs_between_gpu_models_and_they_resume(policy, round_s, sleep, tmp_path,
-                                                             platform_factory) -> None:
+def test_leases_move_jobs_between_gpu_models_and_they_resume(tmp_path, platform_factory) -> None:
     # 2 A100 + 2 V100 as two fake nodes; three 2-GPU jobs share them in leases longer than a
     # restart (Python, torch, the checkpoint) and shorter than a job: Gavel's jobs hold 14.4 s
     # of steps, more than a round, so the third job cannot wait for the first two to finish
     # and some lease must end on a fast machine too.
+    policy, round_s, sleep = "gavel", 10, 0.6
     p = platform_factory(tmp_path / "home", "--fake-gpus", "2xA100,2xV100", "--policy", policy,
                          "--round", str(round_s)).start()
     try:
@@ -61,15 +64,36 @@ def test_leases_move_jobs_between_gpu_models_and_they_resume(policy, round_s, sl
                 d = c.job(j)
                 assert d["attempt"] == len(attempts) and d["checkpoint_step"] == STEPS
                 moved += len(set(models_of_attempts[j])) > 1
-            if policy == "gavel":
-                # Three jobs, two nodes: leases rotate, and a job moves to the other model.
-                # (Themis preempts only a job that is unfair enough, which a run this short
-                # may never see: for it, the jobs must simply all finish whole.)
-                assert sum(len(a) for a in models_of_attempts.values()) > 3, models_of_attempts
-                assert moved >= 1, models_of_attempts
+            # Three jobs, two nodes: leases rotate, and a job moves to the other model.
+            assert sum(len(a) for a in models_of_attempts.values()) > 3, models_of_attempts
+            assert moved >= 1, models_of_attempts
     finally:
         p.stop()
         p.kill_jobs()
+
+
+def test_themis_ends_leases_and_each_job_resumes_where_it_stopped(tmp_path) -> None:
+    """Three 2-GPU jobs of 120 s of work on two 2-GPU nodes, in 6 s rounds: Themis ends the
+    lease of a job whose finish-time fairness is better than a waiting one's, and the job goes
+    on later from its checkpoint (saved as it stopped), with no second of its work lost or done
+    twice."""
+    with (VirtualPlatform(tmp_path, cluster="1x2xA100,1x2xV100", policy="themis",
+                          round_s=6) as vp, vp.client() as c):
+        assert c.health()["policy"] == "themis"
+        for i in range(3):
+            vp.behave(f"r{i}", SimBehaviour())  # ends when its work (its max_runtime) is done
+        ids = [c.submit(resumable(f"r{i}", 0.0)) for i in range(3)]
+        vp.run_until(lambda: all(c.job(j)["state"] == "succeeded" for j in ids), limit_s=3600)
+        ended_leases = 0
+        for j in ids:
+            d = c.job(j)
+            starts = [e["time"] for e in d["events"] if e["kind"] == "started"]
+            ends = [e["time"] for e in d["events"] if e["kind"] in ("preempted", "succeeded")]
+            assert d["attempt"] == len(starts) == len(ends) == d["preemptions"] + 1, d["events"]
+            assert sum(e - s for s, e in zip(starts, ends)) == 120.0, d["events"]
+            ended_leases += sum(e["kind"] == "stop-preempt" and "Themis: lease ended" in
+                                e["message"] for e in d["events"])
+        assert ended_leases >= 1
 
 
 def test_a_policy_the_runtime_cannot_serve_is_refused_in_one_line(tmp_path) -> None:

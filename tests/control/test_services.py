@@ -15,6 +15,7 @@ import pytest
 import yaml
 from plinth_platform import Platform
 from plinth_platform import run_cli as cli
+from virtual_http import served
 
 from plinth.client import ApiError
 from plinth.core.net import free_port
@@ -109,7 +110,8 @@ def test_a_service_scales_survives_replica_and_control_plane_kills(serving, tmp_
     assert httpx.post(url, content=IMAGE, timeout=30).status_code == 404
 
 
-def test_bad_service_specs_are_one_line_errors(shared_platform, tmp_path) -> None:
+def test_bad_service_specs_are_one_line_errors(vp, tmp_path) -> None:
+    """On a control plane in virtual time (virtual.py), the CLI over real HTTP."""
     base = yaml.safe_load(EXAMPLE.read_text()) | {"workdir": str(EXAMPLE.parents[2])}
     cases = {
         "model: no such file": {"model": "missing.pt"},
@@ -117,14 +119,15 @@ def test_bad_service_specs_are_one_line_errors(shared_platform, tmp_path) -> Non
         "slo_ms": {"slo_ms": 0.001},
         "resources.gpus": {"resources": {"gpus": 1}},
     }
-    for what, change in cases.items():
-        f = tmp_path / "bad.yaml"
-        f.write_text(yaml.safe_dump(base | change))
-        out = cli(shared_platform, "submit", str(f))
-        assert out.returncode != 0 and what in out.stderr, (what, out.stderr)
-        assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+    with served(vp) as api:
+        for what, change in cases.items():
+            f = tmp_path / "bad.yaml"
+            f.write_text(yaml.safe_dump(base | change))
+            out = cli(api, "submit", str(f))
+            assert out.returncode != 0 and what in out.stderr, (what, out.stderr)
+            assert len(out.stderr.strip().splitlines()) == 1, out.stderr
     # A max_replicas that could never fit is refused by the control plane, and nothing stays.
-    c = shared_platform.client()
+    c = vp.client()
     with pytest.raises(ApiError, match=r"^max_replicas: 1000 replicas of 0.5 CPUs need 500 "):
         c.submit_workload(base | {"name": "huge", "max_replicas": 1000})
     with pytest.raises(ApiError, match=r"can never run here"):

@@ -1,22 +1,21 @@
-"""The workload reconciler (`plinth.control.workloads`) in a real control plane: a controller
-is told once of each ended unit job, across a restart of the control plane."""
+"""The workload reconciler (`plinth.control.workloads`) in a control plane in virtual time
+(virtual.py): a controller is told once of each ended unit job, across a restart of the
+control plane."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator, Mapping
 from typing import Literal
 
 import pytest
 from pydantic import BaseModel
+from virtual import VirtualPlatform
 
 from plinth.control.kinds import CONTROLLERS
-from plinth.core.kinds import BaseController, Observed, Unit
-from plinth.control.service import ControlPlane
+from plinth.control.workloads import RECONCILE_EVERY_S
 from plinth.core.jobspec import JobSpec
-from plinth.control.store import Store
+from plinth.core.kinds import BaseController, Observed, Unit
 from plinth.core.spec import KINDS
-from plinth.runtime.local import LocalRuntime
 
 
 class OnceSpec(BaseModel):
@@ -47,40 +46,18 @@ def once_kind() -> Iterator[None]:
             table.pop("oncetest", None)
 
 
-def _plane(tmp_path, store: Store) -> ControlPlane:
-    cp = ControlPlane(store, LocalRuntime(tmp_path / "runtime", fake_gpus="1xA100"),
-                      home=tmp_path)
-    cp.start()
-    return cp
-
-
-def _wait(cond, what: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.05)
-
-
-def _row(store: Store, wid: int) -> dict:
+def _row(store, wid: int) -> dict:
     return next(r for r in store.workloads() if r["id"] == wid)
 
 
 def test_a_controller_is_told_of_an_ended_unit_once_across_a_restart(tmp_path,
                                                                       once_kind) -> None:
-    store = Store(str(tmp_path / "plinth.db"))
-    store.put_tenant("default", None, None)
-    cp = _plane(tmp_path, store)
-    try:
-        wid = cp.workloads.submit(OnceSpec(), "default").id
-        _wait(lambda: _row(store, wid)["status"].get("ends") == 1, "the unit's end to be told")
-    finally:
-        cp.close()
-    cp = _plane(tmp_path, store)  # the unit's job is in the store, ended
-    try:
-        assert wid in cp.workloads.active
-        time.sleep(3 * 1.0)  # three reconciles (RECONCILE_EVERY_S)
-        assert cp.workloads.active[wid].status["ends"] == 1
-        assert _row(store, wid)["status"]["ends"] == 1
-        assert [j["state"] for j in store.units(wid)] == ["succeeded"]  # not replaced
-    finally:
-        cp.close()
+    with VirtualPlatform(tmp_path) as vp:  # the unit's job exits 0 one second after its launch
+        wid = vp.cp.workloads.submit(OnceSpec(), "default").id
+        vp.run_until(lambda: _row(vp.store, wid)["status"].get("ends") == 1, limit_s=30)
+        vp.restart()  # the unit's job is in the store, ended
+        assert wid in vp.cp.workloads.active
+        vp.advance(3 * RECONCILE_EVERY_S)  # three reconciles
+        assert vp.cp.workloads.active[wid].status["ends"] == 1
+        assert _row(vp.store, wid)["status"]["ends"] == 1
+        assert [j["state"] for j in vp.store.units(wid)] == ["succeeded"]  # not replaced

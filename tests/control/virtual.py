@@ -58,9 +58,13 @@ ONE_SECOND = SimBehaviour(exit_at=1.0)  # what a job does unless the test says o
 class VirtualClient(Client):
     """The platform's Python client, over the TestClient instead of the network."""
 
-    def __init__(self, http: TestClient) -> None:  # no server, no token to read
+    def __init__(self, http: TestClient, *, shared: bool = False) -> None:  # no server, no token
         self.server = BASE_URL
-        self._http = http
+        self._http, self._shared = http, shared
+
+    def close(self) -> None:  # the platform's own `http` outlives a client over it
+        if not self._shared:
+            super().close()
 
 
 class _Jobs(Mapping[int, Job]):
@@ -112,11 +116,12 @@ class VirtualPlatform:
     # --- the API ------------------------------------------------------------------------------
 
     def client(self, token: str | None = None) -> VirtualClient:
-        """The platform's Python client, with the admin's token unless another is given."""
+        """The platform's Python client, with the admin's token unless another is given
+        ("": none at all)."""
         if token is None:
-            return VirtualClient(self.http)
-        return VirtualClient(TestClient(self.app, base_url=BASE_URL,
-                                        headers={"Authorization": f"Bearer {token}"}))
+            return VirtualClient(self.http, shared=True)
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        return VirtualClient(TestClient(self.app, base_url=BASE_URL, headers=headers))
 
     def job(self, job_id: int) -> dict:
         r = self.http.get(f"/v1/workloads/{job_id}")
