@@ -117,6 +117,7 @@ def run_middle_task(tmp_path: Path, wait_for, *extra: str, fake_gpus: str | None
             (shape,) = jobs_dir(p).glob(f"*/workload-*/{m['name']}/tree.json")
             tree = yaml.safe_load(shape.read_text())
             assert tree["round"] == rounds and tree["leaves"] >= 1, tree
+            assert done["status"]["leaves"][m["name"]] >= 1  # as the middle reported it
         return placed
 
 

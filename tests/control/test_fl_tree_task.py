@@ -103,6 +103,7 @@ def test_a_tree_task_resizes_its_leaf_units_and_survives_its_control_plane_and_a
         held.resume()
         # Then rounds of 10: 3 leaves and the spare, started as units once the server asks.
         wait_for(lambda: tree().get("leaves") == LEAVES, 120, "the server to ask for more leaves")
+        wait_for(lambda: status()["leaves"]["server"] == LEAVES, 60, "the server's report")
         held = hold()
         wait_for(lambda: joined(leaf_port) >= LEAVES + 1, 300, "the leaf units to join")
         held.resume()

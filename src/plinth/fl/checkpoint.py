@@ -78,9 +78,13 @@ class Checkpointer:
         self.reports.round(record)
 
     def tree(self, shape: dict[str, Any]) -> None:
-        """The round's aggregator tree (`TreeAggregation.shape_doc`), kept as `shape`: its size
-        is reported."""
+        """The round's aggregator tree (`TreeAggregation.shape_doc`): its size is reported (the
+        controller sizes the leaf units by it); the whole shape is kept as `shape`, and written
+        to ``tree.json`` in the folder for an operator to read (atomically: never half of it)."""
         self.shape = shape
+        tmp = self.dir / ".tree.json.tmp"
+        tmp.write_text(json.dumps(shape, indent=1, sort_keys=True))
+        tmp.replace(self.dir / "tree.json")
         self.reports.tree(int(shape["leaves"]))
 
     def latest(self) -> Restored | None:
