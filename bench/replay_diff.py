@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 TIMING = ("wall", "sim_s", "seconds", "cpu", "policy_s", "load")
 
@@ -23,17 +24,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("before")
     ap.add_argument("after")
     args = ap.parse_args(argv)
-    before = {r["policy"]: r for r in json.load(open(args.before))}
-    after = {r["policy"]: r for r in json.load(open(args.after))}
+    before, after = ({r["policy"]: r for r in json.loads(Path(p).read_text())}
+                     for p in (args.before, args.after))
     print(f"{'policy':<10} {'metrics compared':>16}  result")
     same_all = True
-    for policy in before:
+    for policy, row in before.items():
         if policy not in after:
             print(f"{policy:<10} {'-':>16}  missing after")
             same_all = False
             continue
-        keys = [k for k in before[policy] if not timing(k)]
-        diff = [k for k in keys if before[policy][k] != after[policy].get(k)]
+        keys = [k for k in row if not timing(k)]
+        diff = [k for k in keys if row[k] != after[policy].get(k)]
         same_all &= not diff
         print(f"{policy:<10} {len(keys):>16}  "
               f"{'identical' if not diff else 'differs: ' + ', '.join(diff)}")

@@ -54,8 +54,15 @@ from pydantic import BaseModel
 
 from plinth.core.errors import SpecError
 from plinth.core.jobspec import JobSpec, Resources
-from plinth.core.kinds import (BaseController, Context, Files, Observed, Unit, Workload,
-                               WorkloadState)
+from plinth.core.kinds import (
+    BaseController,
+    Context,
+    Files,
+    Observed,
+    Unit,
+    Workload,
+    WorkloadState,
+)
 from plinth.core.lifecycle import State
 from plinth.core.net import free_port
 from plinth.fl.reports import RECENT_ROUNDS, ServerReport, TreeReport
