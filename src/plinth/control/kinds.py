@@ -46,9 +46,9 @@ def job_to_run(spec: BaseModel, source: str = "spec") -> JobSpec:
     `plinth.core.spec.load_spec`) is a one-line error naming its kind and what runs it."""
     if isinstance(spec, JobSpec):
         return spec
-    kind = spec.kind  # type: ignore[attr-defined]  # every kind's model has one
-    if kind in CONTROLLERS.names():  # a kind the control plane runs, as a workload
-        raise SpecError(f"{source}: kind: a {kind} spec is not a Job; submit it with "
-                        "`plinth submit FILE` (Client.submit_workload)")
-    raise SpecError(f"{source}: kind: the control plane does not run {kind} specs yet; use "
-                    f"`{getattr(spec, 'run_with', 'its own command')}` meanwhile")
+    try:
+        kind = check_kind(spec)
+    except SpecError as e:
+        raise SpecError(f"{source}: {e}") from None
+    raise SpecError(f"{source}: kind: a {kind} spec is not a Job; submit it with "  # a workload
+                    "`plinth submit FILE` (Client.submit_workload)")

@@ -62,9 +62,9 @@ from typing import Any, ClassVar, Protocol
 
 from pydantic import BaseModel
 
-from plinth.core.errors import PlinthError, SpecError
+from plinth.core.errors import SpecError
 from plinth.core.jobspec import JobSpec
-from plinth.core.lifecycle import State
+from plinth.core.lifecycle import IllegalTransition, State
 
 
 class WorkloadState(enum.Enum):
@@ -93,7 +93,8 @@ WORKLOAD_TRANSITIONS: dict[WorkloadState, frozenset[WorkloadState]] = {
 def check_workload_transition(workload_id: int, old: WorkloadState,
                               new: WorkloadState) -> None:
     if new not in WORKLOAD_TRANSITIONS[old]:
-        raise PlinthError(f"workload {workload_id}: cannot go from {old.value} to {new.value}")
+        raise IllegalTransition(f"workload {workload_id}: cannot go from {old.value} to "
+                                f"{new.value}")
 
 
 @dataclass(frozen=True, slots=True)
