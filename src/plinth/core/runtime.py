@@ -187,12 +187,18 @@ def worker_launches(cluster: Cluster, allocation: Allocation, request: Request
     return tuple(out)
 
 
-def gang_env(spec: LaunchSpec, *, master_addr: str, master_port: int) -> dict[int, dict[str, str]]:
+NODE_ADDRESS = "PLINTH_NODE_ADDRESS"  # a unit binds and advertises this address, its node's
+
+
+def gang_env(spec: LaunchSpec, *, master_addr: str, master_port: int,
+             addresses: Mapping[str, str] | None = None) -> dict[int, dict[str, str]]:
     """The variables every runtime gives each worker of `spec`, by rank: the torch.distributed
     rendezvous (MASTER_ADDR/PORT, RANK, WORLD_SIZE, and LOCAL_RANK/LOCAL_WORLD_SIZE among the
-    workers on the same node), which job and attempt it is, its checkpoint directory, and
+    workers on the same node), which job and attempt it is, its checkpoint directory,
     CUDA_VISIBLE_DEVICES with its GPUs as its node numbers them (a runtime whose nodes share a
-    machine maps them to the machine's numbering)."""
+    machine maps them to the machine's numbering), and PLINTH_NODE_ADDRESS: the address of its
+    node that the other nodes reach it at (`addresses` by node name; else `master_addr`, for a
+    runtime whose nodes are one machine)."""
     out: dict[int, dict[str, str]] = {}
     ordered = sorted(spec.workers, key=lambda w: w.rank)
     for w in ordered:
@@ -201,7 +207,8 @@ def gang_env(spec: LaunchSpec, *, master_addr: str, master_port: int) -> dict[in
                "MASTER_ADDR": master_addr, "MASTER_PORT": str(master_port),
                "RANK": str(w.rank), "WORLD_SIZE": str(len(ordered)),
                "LOCAL_RANK": str(peers.index(w.rank)), "LOCAL_WORLD_SIZE": str(len(peers)),
-               "CUDA_VISIBLE_DEVICES": ",".join(map(str, w.gpus))}
+               "CUDA_VISIBLE_DEVICES": ",".join(map(str, w.gpus)),
+               NODE_ADDRESS: (addresses or {}).get(w.node, master_addr)}
         if spec.checkpoint_dir:
             env["PLINTH_CHECKPOINT_DIR"] = spec.checkpoint_dir
         out[w.rank] = env

@@ -182,7 +182,8 @@ class RayRuntime(EventQueue):
             # Every actor is up before any worker starts, so that a gang starts together.
             (master_addr, master_port), *_ = ray.get([a.rendezvous.remote() for a in actors],
                                                      timeout=CALL_TIMEOUT_S)
-            envs = gang_env(spec, master_addr=master_addr, master_port=master_port)
+            envs = gang_env(spec, master_addr=master_addr, master_port=master_port,
+                            addresses={w.node: self._nodes[w.node].address for w in ordered})
             started = ray.get([a.start.remote(list(spec.command), {**spec.env, **envs[w.rank]},
                                               spec.workdir, spec.log_path, w.memory_mib,
                                               spec.run_as)

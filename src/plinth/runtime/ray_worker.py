@@ -23,6 +23,7 @@ from pathlib import Path
 import psutil
 
 from plinth.core.errors import PlinthError
+from plinth.core.runtime import NODE_ADDRESS
 from plinth.runtime.local import INHERITED_ENV
 from plinth.runtime.procs import LOG_LIMIT_MIB, killpg, start_shim, user_env, user_ids
 
@@ -78,6 +79,7 @@ class WorkerActor:
             except KeyError:
                 raise PlinthError(f"run_as: no Unix user {run_as!r} on {host}") from None
             full.update(user_env(run_as))
+        full.update(_interface_env(env.get(NODE_ADDRESS, ""), full))
         full.update(env)
         exe = command[0]
         found = os.access(Path(workdir or ".") / exe, os.X_OK) if "/" in exe else \
@@ -150,3 +152,13 @@ class WorkerActor:
             shutil.rmtree(self.dir, ignore_errors=True)
         return chunk
 
+
+def _interface_env(address: str, env: dict[str, str]) -> dict[str, str]:
+    """GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME naming the interface that holds this node's
+    `address`, unless the job sets them: a node's hostname need not resolve to its address
+    (Gloo then falls back to loopback, where the other nodes cannot reach it)."""
+    iface = next((name for name, addrs in psutil.net_if_addrs().items()
+                  if any(a.address == address for a in addrs)), None)
+    if iface is None:
+        return {}
+    return {k: iface for k in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME") if k not in env}
