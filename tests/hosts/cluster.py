@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shlex
 import subprocess
 import sys
 import time
@@ -27,8 +28,13 @@ RAY_PORT = 6379
 API_PORT = 8642
 HOME = "/tmp/plinth-home"  # the control plane's, in h1's private /tmp
 OBJECT_STORE = 80 * 2**20
-HEALTH = {"health_check_period_ms": 1000, "health_check_failure_threshold": 5}
-PORTS = ["--node-manager-port", "6380", "--object-manager-port", "6381",
+# The head declares a node dead after some 10 failed health checks, one a second; a node's
+# jobs fence themselves after 4 s without the head (plinth up --fence-after).
+HEALTH = {"health_check_period_ms": 1000, "health_check_timeout_ms": 1000,
+          "health_check_failure_threshold": 10}
+FENCE_AFTER_S = 4
+RAYLET_PORT = 6380
+PORTS = ["--node-manager-port", str(RAYLET_PORT), "--object-manager-port", "6381",
          "--metrics-export-port", "6382", "--dashboard-agent-listen-port", "6383",
          "--dashboard-agent-grpc-port", "6384", "--runtime-env-agent-port", "6385",
          "--min-worker-port", "20000", "--max-worker-port", "20200"]
@@ -72,6 +78,7 @@ class PlinthBed:
                  "--system-config", json.dumps(HEALTH), "--labels", "plinth-node=h1")
         for w in self.workers:
             self.join(w)
+        self.wait_ray_nodes(1 + len(self.workers))
         self.jobs_dir.mkdir(mode=0o755)
         self.start_plane()
         return self
@@ -83,13 +90,37 @@ class PlinthBed:
                            *PORTS, *args], env=self.env)
 
     def join(self, w: Worker) -> None:
-        """A Ray worker node on host `w.host` (booted again first if it was killed)."""
+        """A Ray worker node on host `w.host` (booted again first if it was killed), kept up
+        as systemd would keep it: started again whenever its raylet is not running (Ray ends
+        the raylet of a node the head declared dead, once it hears of it)."""
         if self.bed.hosts[w.host].anchor is None:
             self.bed.start_host(w.host)
-        self.ray(w.host, "--address", f"{self.head}:{RAY_PORT}", "--num-cpus", str(w.cpus),
-                 "--num-gpus", str(w.gpus),
-                 "--resources", json.dumps({f"accelerator_type:{w.model}": 1}),
-                 "--labels", f"plinth-node={w.host},rack={w.rack}")
+        start = " ".join(shlex.quote(a) for a in [
+            RAY, "start", "--node-ip-address", self.bed.hosts[w.host].address,
+            "--object-store-memory", str(OBJECT_STORE), "--disable-usage-stats", *PORTS,
+            "--address", f"{self.head}:{RAY_PORT}", "--num-cpus", str(w.cpus),
+            "--num-gpus", str(w.gpus),
+            "--resources", json.dumps({f"accelerator_type:{w.model}": 1}),
+            "--labels", f"plinth-node={w.host},rack={w.rack}"])
+        raylet_up = f"ss -Hltn 'sport = :{RAYLET_PORT}' | grep -q ."
+        log = open(self.bed.root / f"ray-{w.host}.log", "ab")  # noqa: SIM115 -- the child's
+        self.bed.run(w.host, ["sh", "-c", f"while :; do {raylet_up} || {start}; sleep 1; done"],
+                     env=self.env, stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+
+    def ray_nodes(self) -> int:
+        """How many nodes the Ray head counts alive."""
+        out = self.bed.sh("h1", [RAY, "status", "--address", f"{self.head}:{RAY_PORT}"],
+                          env=self.env, check=False).stdout
+        active = out.split("Active:", 1)[-1].split("Pending:", 1)[0]
+        return sum(1 for line in active.splitlines() if line.strip().startswith("1 node_"))
+
+    def wait_ray_nodes(self, n: int, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        while self.ray_nodes() != n:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the Ray head does not count {n} nodes alive")
+            time.sleep(0.5)
 
     def start_plane(self, *extra: str) -> None:
         """`plinth up` on h1, bound to h1's address, on the Ray cluster."""
@@ -97,7 +128,8 @@ class PlinthBed:
         self.plane = self.bed.run("h1", [
             PLINTH, "up", "--home", HOME, "--host", self.head, "--port", str(API_PORT),
             "--runtime", "ray", "--ray-address", f"{self.head}:{RAY_PORT}",
-            "--jobs-dir", str(self.jobs_dir), "--grace", "2", "--min-runtime", "0", *extra],
+            "--jobs-dir", str(self.jobs_dir), "--grace", "2", "--min-runtime", "0",
+            "--fence-after", str(FENCE_AFTER_S), *extra],
             env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         log.close()
         deadline = time.monotonic() + 120

@@ -153,3 +153,35 @@ def test_a_writer_left_behind_does_not_keep_the_shim(tmp_path):
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(p.pid, 9)
+
+
+def test_with_parent_the_command_dies_with_the_shims_parent(tmp_path):
+    """A Ray node's actor starts its worker's shim with --parent: when the actor dies with its
+    node, the worker must not run on (it is being replaced elsewhere)."""
+    pid_file = tmp_path / "pid"
+    launch = {"argv": ["sh", "-c", f"echo $$ > {pid_file}; exec sleep 600"],
+              "env": {"PATH": os.defpath}, "cwd": None, "user": None}
+    # The parent starts the shim in a session of its own, as the actor does, waits for the
+    # command to be up, then dies.
+    parent = subprocess.Popen([PY, "-c", (
+        "import json, os, subprocess, sys, time\n"
+        f"p = subprocess.Popen([sys.executable, '-I', {SHIM!r}, '--parent', str(os.getpid()), "
+        f"{str(tmp_path / 'exit')!r}], stdin=subprocess.PIPE, start_new_session=True)\n"
+        f"p.stdin.write(json.dumps({launch!r}).encode()); p.stdin.close()\n"
+        f"while not os.path.getsize({str(pid_file)!r}) if os.path.exists({str(pid_file)!r}) "
+        "else True: time.sleep(0.02)\n"
+        "print(p.pid, flush=True)\n")], stdout=subprocess.PIPE, text=True)
+    shim_pid = int(parent.stdout.readline())
+    cmd_pid = int(pid_file.read_text())
+    assert psutil.pid_exists(cmd_pid)
+    parent.wait()
+    procs = [p for p in map(_proc, (shim_pid, cmd_pid)) if p]
+    gone, alive = psutil.wait_procs(procs, timeout=30)
+    assert not alive, f"still running after their parent died: {alive}"
+
+
+def _proc(pid: int) -> psutil.Process | None:
+    try:
+        return psutil.Process(pid)
+    except psutil.NoSuchProcess:
+        return None

@@ -44,6 +44,12 @@ def up(
                                               "(a Ray cluster, see --ray-address).")] = "local",
     ray_address: Annotated[str | None, typer.Option(help="With --runtime ray: the Ray head, "
                                                          "HOST:PORT or auto.")] = None,
+    fence_after: Annotated[float, typer.Option(
+        help="With --runtime ray: seconds a node's jobs keep running while the node cannot "
+             "reach the Ray head; then they are killed there (0: never). Keep it under the "
+             "head's health-check window (health_check_period_ms x "
+             "health_check_failure_threshold), after which they are requeued elsewhere.")]
+    = 10.0,
     policy: Annotated[str, typer.Option(help="Scheduling policy: fifo, sjf, priority, drf, "
                                              "tiresias, themis, gavel.")] = "drf",
     grace: Annotated[float, typer.Option(help="Seconds between SIGTERM and SIGKILL.")] = 10.0,
@@ -80,7 +86,7 @@ def up(
 
     cfg = ServerConfig(home=(home or plinth_home()).expanduser(), host=host, port=port, db=db,
                        fake_gpus=fake_gpus, runtime=runtime, ray_address=ray_address,
-                       policy=policy, grace_s=grace,
+                       fence_after_s=fence_after, policy=policy, grace_s=grace,
                        min_runtime_s=min_runtime, round_s=round_s, max_body_bytes=max_body,
                        tls_cert=tls_cert, tls_key=tls_key, jobs_dir=jobs_dir,
                        serve_port=serve_port, serve_policy=serve_policy,

@@ -44,6 +44,7 @@ class ServerConfig:
     fake_gpus: str | None = None
     runtime: str = "local"  # or "ray" (plinth.runtime.ray), on the cluster at ray_address
     ray_address: str | None = None
+    fence_after_s: float = 10.0  # with Ray: a node's workers die this long after losing the head
     policy: str = "drf"
     grace_s: float = 10.0
     min_runtime_s: float = 30.0  # a job runs this long before it may be preempted
@@ -92,7 +93,8 @@ def build(cfg: ServerConfig, lease: Lease) -> tuple[ControlPlane, Auth]:
         # Only when asked for: it brings the Ray runtime's modules, which most servers never use.
         from plinth.runtime.ray import make_ray_runtime
 
-        runtime = make_ray_runtime(cfg.ray_address, fake_gpus=cfg.fake_gpus, notify=notify)
+        runtime = make_ray_runtime(cfg.ray_address, fake_gpus=cfg.fake_gpus, notify=notify,
+                                   fence_after_s=cfg.fence_after_s)
     elif cfg.runtime != "local":
         raise SpecError(f"--runtime: expected local or ray, got {cfg.runtime!r}")
     else:

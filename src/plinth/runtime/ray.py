@@ -16,6 +16,10 @@ checkpoint markers (the checkpoint directory is storage that every node and the 
 share, as it must be for a job to resume elsewhere), and copies each worker's output from its
 node into the job's log file here.
 
+A worker fences itself: it is killed on its node when its actor's raylet dies or the Ray head
+has been out of its reach for `fence_after_s` (ray_worker.WorkerActor._fence), so that a worker
+on a node cut off and declared dead does not run on beside the attempt that replaced it.
+
 A worker lost with its actor makes its node a suspect: until Ray's health checks declare the
 node dead (seconds later), `nodes()` leaves it out if its raylet no longer answers, so that the
 control plane, which reads the nodes again when an attempt is lost, takes it out of the
@@ -65,6 +69,10 @@ ACCEL_RESOURCE = "accelerator_type:"  # Ray's GPU model resource, e.g. accelerat
 MIN_BUNDLE_CPU = 0.01
 # A ProcRef's exit_file names the worker's actor: "ray:plinth-j7-a1-r0".
 ACTOR_REF = "ray:"
+# A node's workers are killed after this long without the Ray head: less than Ray's own window
+# for declaring a node dead (health_check_period_ms x health_check_failure_threshold, set on
+# the head), after which the job is started again elsewhere.
+FENCE_AFTER_S = 10.0
 ADOPTED_START_SLACK_S = 1.0  # as the local runtime's: process start times are coarse
 
 
@@ -117,8 +125,12 @@ class RayRuntime(EventQueue):
     isolation = "ray"
 
     def __init__(self, address: str, *, notify: Callable[[], None] | None = None,
-                 gang_grace_s: float = 10.0, namespace: str = NAMESPACE) -> None:
+                 gang_grace_s: float = 10.0, namespace: str = NAMESPACE,
+                 fence_after_s: float = FENCE_AFTER_S) -> None:
+        """`fence_after_s`: a worker whose node cannot reach the Ray head for that long is
+        killed there (see WorkerActor._fence); 0: never."""
         self.ray = connect_ray(address, namespace)
+        self.fence_after_s = fence_after_s
         self.namespace = namespace
         self.gang_grace_s = gang_grace_s
         self.problems: list[str] = []
@@ -178,7 +190,7 @@ class RayRuntime(EventQueue):
                     memory=b.get("memory"),
                     scheduling_strategy=strategy(placement_group=pg,
                                                  placement_group_bundle_index=i),
-                ).remote(spec.job_id, spec.attempt, w.rank))
+                ).remote(spec.job_id, spec.attempt, w.rank, self.fence_after_s))
             # Every actor is up before any worker starts, so that a gang starts together.
             (master_addr, master_port), *_ = ray.get([a.rendezvous.remote() for a in actors],
                                                      timeout=CALL_TIMEOUT_S)
@@ -570,7 +582,8 @@ def _what(wk: _Worker) -> str:
 
 
 def make_ray_runtime(address: str | None, *, fake_gpus: str | None = None,
-                     notify: Callable[[], None] | None = None) -> RayRuntime:
+                     notify: Callable[[], None] | None = None,
+                     fence_after_s: float = FENCE_AFTER_S) -> RayRuntime:
     """The runtime `plinth up --runtime ray` runs on, refusing bad options in one line."""
     if not address:
         raise PlinthError("--runtime ray: give the Ray head with --ray-address HOST:PORT "
@@ -578,7 +591,10 @@ def make_ray_runtime(address: str | None, *, fake_gpus: str | None = None,
     if fake_gpus:
         raise PlinthError("--fake-gpus: the Ray runtime takes its GPUs from the Ray cluster; "
                           "declare fake ones there (ray start --num-gpus)")
-    rt = RayRuntime(address, notify=notify)
+    if fence_after_s < 0:
+        raise PlinthError(f"--fence-after: {fence_after_s:g} is negative; give seconds, or 0 "
+                          "to never fence")
+    rt = RayRuntime(address, notify=notify, fence_after_s=fence_after_s)
     if not any(n.num_gpus for n in rt.nodes()):
         rt.close()
         raise PlinthError(f"--ray-address {address}: the Ray cluster has no GPUs (no node "

@@ -28,6 +28,7 @@ from plinth.runtime.local import INHERITED_ENV
 from plinth.runtime.procs import LOG_LIMIT_MIB, killpg, start_shim, user_env, user_ids
 
 LOG_CHUNK = 1 << 20  # most bytes one `take_log` returns
+FENCE_POLL_S = 1.0  # how often an actor looks at its raylet and the Ray head
 
 
 class WorkerActor:
@@ -36,7 +37,10 @@ class WorkerActor:
     control plane takes it. Made a Ray actor by RayRuntime (ray.remote), named and detached, so
     that it outlives the control plane that made it."""
 
-    def __init__(self, job_id: int, attempt: int, rank: int) -> None:
+    def __init__(self, job_id: int, attempt: int, rank: int, fence_after_s: float = 0.0
+                 ) -> None:
+        """`fence_after_s`: kill the worker, and end this actor's process, once the Ray head
+        has been out of reach that long (0: never)."""
         self.key = (job_id, attempt, rank)
         self.popen: subprocess.Popen | None = None
         self.start_time = 0.0
@@ -48,6 +52,38 @@ class WorkerActor:
         self.log_path = ""
         self.checkpoint_dir: str | None = None
         self.lock = threading.Lock()
+        threading.Thread(target=self._fence, args=(fence_after_s,), daemon=True,
+                         name="plinth-fence").start()
+
+    def _fence(self, after_s: float) -> None:
+        """Self-fencing. A worker must not run on once it may have been replaced elsewhere:
+        when this actor's raylet dies (Ray exits a raylet that the head declared dead, when it
+        hears of it), or when the Ray head has been unreachable for `after_s` (a partition:
+        the head declares the node dead after its health-check window, which must be longer,
+        and the control plane starts the job again elsewhere). Then the worker's whole group
+        is killed and this process ends; its shim, started with --parent, would die with it
+        anyway."""
+        import ray
+
+        raylet = os.getppid()
+        host, _, port = ray.get_runtime_context().gcs_address.rpartition(":")
+        lost_at: float | None = None
+        while True:
+            time.sleep(FENCE_POLL_S)
+            if os.getppid() != raylet:
+                break
+            if not after_s:
+                continue
+            try:
+                socket.create_connection((host, int(port)), timeout=FENCE_POLL_S).close()
+                lost_at = None
+            except OSError:
+                lost_at = lost_at or time.monotonic()
+                if time.monotonic() - lost_at >= after_s:
+                    break
+        if self.popen is not None and self.result is None:
+            killpg(self.popen.pid, signal.SIGKILL)
+        os._exit(1)
 
     def rendezvous(self) -> tuple[str, int]:
         """This node's address and a port free on it now, for MASTER_ADDR and MASTER_PORT."""
@@ -62,7 +98,8 @@ class WorkerActor:
               log_path: str, memory_mib: int, run_as: str | None = None) -> tuple[int, float]:
         """Start the shim running `command` (as `run_as`, which needs a node running as root);
         (pid, start time). Raises if it cannot run. `log_path` is the control plane's log file
-        for the job (kept for an adopter)."""
+        for the job (kept for an adopter). The shim dies with this actor's process (--parent):
+        an actor dies with its node, and a node that Ray declared dead has been replaced."""
         self.log_path = log_path
         self.checkpoint_dir = env.get("PLINTH_CHECKPOINT_DIR")
         full = {k: os.environ[k] for k in INHERITED_ENV if k in os.environ}
@@ -92,7 +129,8 @@ class WorkerActor:
         # The shim's exit file is not read: the shim exits with the same code.
         self.popen = start_shim(str(self.dir / "exit"), command=command, env=full,
                                 workdir=workdir, log_path=str(self.log_file),
-                                opts=[*limits, "--log-limit", str(LOG_LIMIT_MIB * 2**20)],
+                                opts=[*limits, "--log-limit", str(LOG_LIMIT_MIB * 2**20),
+                                      "--parent", str(os.getpid())],
                                 run_as=run_as,
                                 shim_env={k: os.environ[k] for k in INHERITED_ENV
                                           if k in os.environ})

@@ -1,6 +1,7 @@
 """The process the runtime starts for each worker: it runs the command and records how it ended.
 
-    python -I shim.py [--cgroup DIR] [--memory-mib N] [--cpus 0,1] [--log-limit BYTES] EXIT_FILE
+    python -I shim.py [--cgroup DIR] [--memory-mib N] [--cpus 0,1] [--log-limit BYTES]
+                      [--parent PID] EXIT_FILE
 
 What to run comes on stdin, as one JSON object the runtime writes and closes:
 ``{"argv": [...], "env": {...}, "cwd": DIR or null, "user": [UID, GID, [GROUPS]] or null}``.
@@ -18,6 +19,11 @@ exit code to EXIT_FILE atomically, with a death by signal N written as 128+N as 
 exits with the same code. A command that cannot start (no such executable, a workdir the user
 cannot enter) ends with 127 or 126 and one line in the log. Only the standard library is
 imported, so it starts fast and fits small memory limits.
+
+With `--parent PID` the shim lives only as long as that process: when it is no longer the
+shim's parent (it died: a Ray worker node's actor, gone with its node), the shim kills its whole
+process group, itself included, within a poll (0.1 s). A worker whose node was declared dead and
+replaced elsewhere must not run on beside its replacement.
 """
 
 import json
@@ -129,7 +135,13 @@ class _Log:
             self.cut = True
 
 
-def _pump(r, log):
+def _orphaned(parent):
+    """End the whole group, this shim too, if `parent` (a pid, or 0 for none) has died."""
+    if parent and os.getppid() != parent:
+        os.killpg(os.getpgrp(), signal.SIGKILL)
+
+
+def _pump(r, log, parent):
     """Copy the command's output to the log until the command has ended and its output is
     drained; returns its wait status. Something it left running that holds the pipe open
     does not keep the shim waiting: it is killed with the group when the shim ends."""
@@ -138,6 +150,7 @@ def _pump(r, log):
     status, drain = None, DRAIN_BYTES
     while drain > 0:
         readable = poller.poll(100 if status is None else 0)
+        _orphaned(parent)
         if status is None:  # looked at after every read too: a writer it left may never stop
             pid, st = os.waitpid(_child, os.WNOHANG)
             if pid:
@@ -157,6 +170,7 @@ def _pump(r, log):
 
 def _run(exit_file, opts, launch):
     global _child
+    _orphaned(int(opts.get("--parent", 0)))
     try:
         _limit(opts)
     except (OSError, ValueError) as e:
@@ -182,7 +196,7 @@ def _run(exit_file, opts, launch):
     os.close(w)
     if _pending:
         _relay(_pending, None)
-    status = _pump(r, _Log(int(opts.get("--log-limit", 0))))
+    status = _pump(r, _Log(int(opts.get("--log-limit", 0))), int(opts.get("--parent", 0)))
     code = os.waitstatus_to_exitcode(status)
     return 128 - code if code < 0 else code
 
@@ -194,7 +208,7 @@ def main(args):
         args = args[2:]
     if len(args) != 1:
         print("usage: shim.py [--cgroup DIR] [--memory-mib N] [--cpus LIST] [--log-limit BYTES] "
-              "EXIT_FILE < LAUNCH_JSON", file=sys.stderr)
+              "[--parent PID] EXIT_FILE < LAUNCH_JSON", file=sys.stderr)
         return 2
     try:
         launch = json.loads(sys.stdin.buffer.read())

@@ -1,0 +1,102 @@
+"""Faults on the bed: a worker host cut off for 30 s, and a host that dies. A job that beats
+into the shared folder (attempt, host, time) shows what ran where and when: it is started again
+elsewhere only after the head declares its host dead, its old attempt has fenced itself by then
+(nothing runs twice at once), and no accepted job is lost. A bed of its own (these tests break
+hosts), with a fourth host that is not a Ray node at first."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from cluster import PlinthBed, Worker
+from conftest import wait_for
+
+pytestmark = [pytest.mark.hosts, pytest.mark.slow, pytest.mark.xdist_group("hosts")]
+PARTITION_S = 30
+
+
+@pytest.fixture(scope="module")
+def faults_bed():
+    pb = PlinthBed(hosts=4, workers=(Worker("h2", rack="r2"), Worker("h3", rack="r3")))
+    try:
+        yield pb.up()
+    finally:
+        pb.down()
+
+
+def _beating(pb, name: str):
+    """Submit a job that appends `ATTEMPT HOST TIME` to a shared file twice a second; the
+    file's path."""
+    beats = pb.shared / f"{name}.beats"
+    beats.touch()
+    beats.chmod(0o666)
+    spec = pb.shared / f"{name}.yaml"
+    spec.write_text(f"name: {name}\ncommand: [sh, -c, 'while :; do echo $PLINTH_ATTEMPT "
+                    f"$(hostname) $(date +%s.%N) >> {beats}; sleep 0.5; done']\n"
+                    "resources: {cpus: 1}\n")
+    pb.cli("h3", "submit", str(spec))
+    return beats
+
+
+def _beats(path) -> list[tuple[int, str, float]]:
+    out = []
+    for line in path.read_text().splitlines():
+        parts = line.split()
+        if len(parts) == 3:  # a line being written may be cut
+            out.append((int(parts[0]), parts[1], float(parts[2])))
+    return out
+
+
+def _job(pb, name: str) -> dict:
+    jobs = json.loads(pb.cli("h1", "ls", "--all", "-o", "json").stdout)
+    return next(j for j in jobs if j["name"] == name)
+
+
+def _nodes(pb) -> str:
+    return pb.cli("h1", "nodes").stdout
+
+
+def test_a_partitioned_host_is_replaced_and_its_old_attempt_never_runs_beside_the_new(
+        faults_bed):
+    pb = faults_bed
+    beats = _beating(pb, "hb-partition")
+    first = wait_for(lambda: _beats(beats), "the first beat")[0]
+    host = first[1]
+    pb.bed.partition(host)
+    try:
+        # The head declares the host dead during the partition: the job runs again elsewhere.
+        wait_for(lambda: any(a == 2 for a, _, _ in _beats(beats)), "attempt 2's first beat",
+                 timeout=PARTITION_S)
+    finally:
+        pb.bed.heal(host)
+    seen = _beats(beats)
+    old = [t for a, _, t in seen if a == 1]
+    new = [(h, t) for a, h, t in seen if a == 2]
+    assert {h for h, _ in new} != {host}, "attempt 2 ran on the host that was cut off"
+    assert max(old) < min(t for _, t in new), "attempt 1 was still beating when 2 began"
+    # Healed, the host's old attempt stays dead (Ray ends a raylet declared dead; the worker
+    # fenced itself before that); the host comes back as a node of its own.
+    wait_for(lambda: f"\n {host} " in _nodes(pb), f"{host} back in plinth nodes")
+    n = len(_beats(beats))
+    wait_for(lambda: len(_beats(beats)) >= n + 6, "three more seconds of beats")
+    assert [a for a, _, _ in _beats(beats)[n:]] == [2] * (len(_beats(beats)) - n)
+    job = _job(pb, "hb-partition")
+    assert (job["state"], job["attempt"]) == ("running", 2)
+    pb.cli("h1", "cancel", str(job["id"]))
+
+
+def test_a_host_that_dies_has_its_jobs_requeued_and_comes_back_when_it_boots(faults_bed):
+    pb = faults_bed
+    wait_for(lambda: all(f"\n {h} " in _nodes(pb) for h in ("h2", "h3")), "both workers up")
+    beats = _beating(pb, "hb-death")
+    host = wait_for(lambda: _beats(beats), "the first beat")[0][1]
+    pb.bed.kill_host(host)  # every process on it, Ray's and the job's
+    other = wait_for(lambda: [h for a, h, _ in _beats(beats) if a == 2], "attempt 2")[0]
+    assert other != host
+    assert f"\n {host} " not in _nodes(pb)
+    pb.join(Worker(host, rack=f"r{host[1:]}"))  # it boots again, empty, and Ray starts
+    wait_for(lambda: f"\n {host} " in _nodes(pb), f"{host} back in plinth nodes")
+    job = _job(pb, "hb-death")
+    assert (job["state"], job["attempt"]) == ("running", 2)
+    pb.cli("h1", "cancel", str(job["id"]))
