@@ -305,3 +305,12 @@ def test_a_pass_is_told_which_jobs_arrived_when_nothing_else_changed():
     w.request_pass()
     w.handle([o.Submitted(job(7))], 11.0)
     assert rec.seen[-1] is None
+
+
+
+def test_a_launch_the_cluster_failed_is_requeued_and_runs_again():
+    """A runtime that says Unavailable (a node not ready yet, or gone) requeues the job."""
+    w = owner(c=cluster(gpus=2))
+    w.handle([o.Submitted(job(1))], 0.0)
+    w.handle([o.LaunchFailed(1, 1, "Ray could not reserve it", requeue=True)], 1.0)
+    assert w.jobs[1].attempt == 2 and w.jobs[1].status is State.RUNNING  # requeued, restarted

@@ -70,7 +70,7 @@ NUMERIC_CONFIG = ("min_runtime", "preempt_backoff", "max_preemptions", "backfill
                   "restore_overhead", "checkpoint_interval", "round_s")
 # Events that end an attempt (the processes are gone and the resources released).
 RUN_ENDS = frozenset({"succeeded", "failed", "timeout", "cancelled", "preempted", "lost",
-                      "retry", "launch-failed"})
+                      "retry", "launch-failed", "launch-retry"})
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,6 +9,11 @@ class SpecError(PlinthError):
     """A user-written spec (cluster YAML, job spec, option) is invalid."""
 
 
+class Unavailable(PlinthError):
+    """A runtime could not start a job now for a reason of the cluster's, not the job's: its
+    node is not ready yet, or has just gone. The job is requeued, not failed."""
+
+
 class TraceError(PlinthError):
     """A trace file is malformed. The message names the file and line."""
 

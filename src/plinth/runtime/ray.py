@@ -44,7 +44,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from plinth.core.errors import PlinthError
+from plinth.core.errors import PlinthError, Unavailable
 from plinth.core.gpus import GPU_CATALOG
 from plinth.core.resources import MILLI, Node
 from plinth.core.runtime import EventKind, Handle, LaunchSpec, ProcRef, RuntimeEvent, gang_env
@@ -177,7 +177,8 @@ class RayRuntime(EventQueue):
             try:
                 ray.get(pg.ready(), timeout=PG_TIMEOUT_S)
             except ray.exceptions.GetTimeoutError:
-                raise PlinthError(
+                # A node that has just joined again, or is leaving: try again later.
+                raise Unavailable(
                     f"{where}: Ray could not reserve {bundles} on "
                     f"{[w.node for w in ordered]} within {PG_TIMEOUT_S:g}s; the cluster's free "
                     f"resources differ from the scheduler's view") from None
@@ -210,6 +211,8 @@ class RayRuntime(EventQueue):
                 e = e.cause
             elif isinstance(e, PlinthError):
                 raise
+            elif isinstance(e, ray.exceptions.RayError):  # an actor or its node died, a timeout
+                raise Unavailable(f"{where}: did not start on Ray: {one_line(e)}") from None
             raise PlinthError(f"{where}: did not start on Ray: {one_line(e)}") from None
         workers = [_Worker(w.rank, _actor_name(spec.job_id, spec.attempt, w.rank), a, pid, st,
                            node_id=self._nodes[w.node].node_id)

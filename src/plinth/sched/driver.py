@@ -29,8 +29,9 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
-from plinth.core.errors import PlinthError
+from plinth.core.errors import PlinthError, Unavailable
 from plinth.core.runtime import EventKind, Handle, LaunchSpec, Runtime, RuntimeEvent
 from plinth.sched.events import (
     CheckpointSaved,
@@ -71,13 +72,20 @@ class Pacer:
         self.next_at = self.clock() + max(self.min_interval_s, 9 * policy_s)
 
 
-def launch_error(job_id: int, e: Exception) -> str:
-    """One line on why a job's launch failed; an error that is not the platform's own (a bug,
-    not bad input) is logged with its traceback."""
+def launch_error(job_id: int, e: Exception) -> LaunchError:
+    """One line on why a job's launch failed, and whether the cluster is at fault (the job is
+    then requeued); an error that is not the platform's own (a bug, not bad input) is logged
+    with its traceback."""
     if not isinstance(e, PlinthError):
         log.error("job %d: launch failed", job_id, exc_info=e)
-        return f"{type(e).__name__}: {e}"
-    return str(e)
+        return LaunchError(f"{type(e).__name__}: {e}")
+    return LaunchError(str(e), isinstance(e, Unavailable))
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchError:
+    message: str
+    requeue: bool = False
 
 
 class Driver:
@@ -205,18 +213,18 @@ class Driver:
             self.deferred = now + wait
         return out
 
-    def _launched(self, ins: Launch, result: Handle | str, now: float) -> Event | None:
-        # A failed launch is this job's alone: it becomes launch-failed and releases what it
-        # held, and the turn goes on with the others.
-        if isinstance(result, str):
-            return LaunchFailed(ins.job_id, ins.attempt, result)
+    def _launched(self, ins: Launch, result: Handle | LaunchError, now: float) -> Event | None:
+        # A failed launch is this job's alone: it becomes launch-failed (or is requeued, when
+        # the cluster was at fault) and releases what it held, and the turn goes on.
+        if isinstance(result, LaunchError):
+            return LaunchFailed(ins.job_id, ins.attempt, result.message, result.requeue)
         if self.launched is not None:
             self.launched(ins, result)
         if self._progress:
             return None  # its STARTED report says when and how fast (see plinth.core.runtime)
         return Started(ins.job_id, ins.attempt, now)
 
-    def _launch_all(self, launches: list[Launch]) -> list[Handle | str]:
+    def _launch_all(self, launches: list[Launch]) -> list[Handle | LaunchError]:
         """Each launch's handle, or why it failed. A runtime that says "concurrent-launch"
         (Ray reserves a placement group and starts an actor per worker, seconds each) gets up
         to `launch_threads` at once, so the turn waits for the slowest rather than their sum;
@@ -231,13 +239,13 @@ class Driver:
             done = iter([self._launch_one(s) for s in ready])
         return [next(done) if isinstance(s, LaunchSpec) else s for s in specs]
 
-    def _spec_or_error(self, ins: Launch) -> LaunchSpec | str:
+    def _spec_or_error(self, ins: Launch) -> LaunchSpec | LaunchError:
         try:
             return self.launch_spec(ins)
         except Exception as e:  # noqa: BLE001 -- this job's alone: it becomes launch-failed
             return launch_error(ins.job_id, e)
 
-    def _launch_one(self, spec: LaunchSpec) -> Handle | str:
+    def _launch_one(self, spec: LaunchSpec) -> Handle | LaunchError:
         try:
             return self.runtime.launch(spec)
         except Exception as e:  # noqa: BLE001 -- this job's alone: it becomes launch-failed

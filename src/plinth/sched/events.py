@@ -59,6 +59,7 @@ class LaunchFailed:
     job_id: int
     attempt: int
     message: str
+    requeue: bool = False  # the cluster's fault (core.errors.Unavailable), not the job's
 
 
 @dataclass(frozen=True, slots=True)

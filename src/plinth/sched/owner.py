@@ -230,7 +230,8 @@ class Owner(Restoring):
         elif type(ev) is Lost:
             self._exited(js, now, None, ev.message, kind="lost")
         elif type(ev) is LaunchFailed:
-            self._exited(js, now, None, ev.message, kind="launch-failed")
+            self._exited(js, now, None, ev.message,
+                         kind="launch-retry" if ev.requeue else "launch-failed")
         else:  # pragma: no cover
             raise TypeError(f"not an owner event: {ev!r}")
 
@@ -312,8 +313,8 @@ class Owner(Restoring):
         elif why is not None:
             target = State.CANCELLED if why[0] is StopReason.CANCEL else State.TIMEOUT
             self._finish(js, target, now, target.value, detail, exit_code=code)
-        elif kind == "lost":
-            self._requeue(js, now, "lost", detail)
+        elif kind in ("lost", "launch-retry"):
+            self._requeue(js, now, kind, detail)
         elif kind == "launch-failed":
             self._finish(js, State.FAILED, now, kind, detail)
         elif code == 0:
