@@ -100,3 +100,18 @@ def test_a_host_that_dies_has_its_jobs_requeued_and_comes_back_when_it_boots(fau
     job = _job(pb, "hb-death")
     assert (job["state"], job["attempt"]) == ("running", 2)
     pb.cli("h1", "cancel", str(job["id"]))
+
+
+def test_a_host_that_joins_while_the_plane_runs_takes_the_next_job(faults_bed):
+    pb = faults_bed
+    assert "\n h4 " not in _nodes(pb)
+    pb.join(Worker("h4", gpus=1, model="V100", rack="r4"))
+    wait_for(lambda: "\n h4 " in _nodes(pb), "h4 in plinth nodes")
+    spec = pb.shared / "on-h4.yaml"
+    spec.write_text("name: on-h4\ncommand: [hostname]\nnodelist: [h4]\n"
+                    "resources: {cpus: 1, gpus: 1, gpu_model: [V100]}\n")
+    done = pb.cli("h3", "submit", "--wait", str(spec), check=False)
+    job = _job(pb, "on-h4")
+    log = pb.cli("h1", "logs", str(job["id"])).stdout
+    assert done.returncode == 0 and job["state"] == "succeeded", log
+    assert log.rstrip().endswith("h4"), log

@@ -314,3 +314,21 @@ def test_a_launch_the_cluster_failed_is_requeued_and_runs_again():
     w.handle([o.Submitted(job(1))], 0.0)
     w.handle([o.LaunchFailed(1, 1, "Ray could not reserve it", requeue=True)], 1.0)
     assert w.jobs[1].attempt == 2 and w.jobs[1].status is State.RUNNING  # requeued, restarted
+
+
+def test_nodes_that_join_are_placed_on_and_the_plan_keeps_what_runs():
+    from plinth.sched.invariants import check_owner
+
+    w = owner(c=cluster(nodes=1, gpus=2))
+    w.handle([o.Submitted(job(1, gpus=2)), o.Submitted(job(2, gpus=2))], 0.0)
+    assert (w.jobs[1].status, w.jobs[2].status) == (State.RUNNING, State.PENDING)
+    bigger = Cluster((*w.cluster.nodes, Node("n1", 64_000, 256_000, "V100", 2)))
+    w.add_nodes(bigger, make_policy("fifo"))
+    check_owner(w)
+    w.handle([], 1.0)
+    assert w.jobs[2].status is State.RUNNING
+    assert [s.node for s in w.jobs[2].allocation.slots] == [1]  # on the new node
+    assert w.jobs[1].allocation.slots[0].node == 0
+    check_owner(w)
+    with pytest.raises(ValueError, match="keep the old nodes"):
+        w.add_nodes(cluster(nodes=1, gpus=4), make_policy("fifo"))

@@ -49,7 +49,6 @@ class Loop:
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self._nodes_due = time.monotonic() + NODE_CHECK_S  # the next look at runtime.nodes()
-        self._joined: set[str] = set()  # new nodes, told once
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="plinth-scheduler", daemon=True)
@@ -108,14 +107,21 @@ class Loop:
     def _follow_nodes(self) -> None:
         """Take the nodes that have left the runtime out of the scheduler's view, and put back
         those that have returned (see plinth.sched.nodes); their jobs end as the runtime reports
-        them lost. A node the cluster did not have at start is used after a restart."""
+        them lost. A node the cluster did not have before joins it, after the others."""
         cp = self.cp
         self._nodes_due = time.monotonic() + NODE_CHECK_S
         try:
-            live = {n.name for n in cp.runtime.nodes()}
+            nodes = cp.runtime.nodes()
         except Exception as e:  # noqa: BLE001 -- its cluster did not answer: look again later
             log.warning("the runtime's nodes could not be read: %s", e)
             return
+        live = {n.name for n in nodes}
+        known = {n.name for n in cp.cluster.nodes}
+        joined = [n for n in nodes if n.name not in known]
+        if joined:
+            for n in joined:
+                log.warning("node %s joined the cluster", n.name)
+            cp.add_nodes(joined)
         names = [n.name for n in cp.cluster.nodes]
         down = frozenset(i for i, name in enumerate(names) if name not in live)
         was = cp.owner.down.nodes
@@ -124,10 +130,6 @@ class Loop:
                         "is placed on it until it is back", names[i])
         for i in sorted(was - down):
             log.warning("node %s is back in the cluster", names[i])
-        for name in sorted(live - set(names) - self._joined):
-            self._joined.add(name)
-            log.warning("node %s joined the cluster: it is used after the control plane "
-                        "restarts", name)
         cp.owner.set_down(down)
 
     # --- recording the owner's output ---------------------------------------------------------

@@ -40,7 +40,7 @@ from plinth.control.store import GroupCommit, Store
 from plinth.control.tenants import Tenants
 from plinth.control.workloads import Workloads
 from plinth.core.jobspec import JobSpec
-from plinth.core.resources import Cluster
+from plinth.core.resources import Cluster, Node
 from plinth.core.runtime import Runtime
 from plinth.sched import owner as o
 from plinth.sched.driver import Driver
@@ -231,6 +231,13 @@ class ControlPlane:
             user = self.tenants.set(name, gpus, borrowing_limit, user)
             self.notify()
             return user
+
+    def add_nodes(self, joined: list[Node]) -> None:
+        """Nodes that joined the runtime's cluster: the scheduler places on them from the
+        next pass (under the loop's lock)."""
+        self.nodes = [*self.nodes, *joined]
+        policy = self.tenants.rebuild()
+        self.owner.add_nodes(self.cluster, policy)
 
     def run_as(self, tenant: str) -> str | None:
         return self.tenants.run_as(tenant)

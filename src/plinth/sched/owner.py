@@ -188,6 +188,26 @@ class Owner(Restoring):
         self.pending = policy.pending_queue(list(self.pending))
         self._pass_due = True
 
+    def add_nodes(self, cluster: Cluster, policy: Policy) -> None:
+        """Nodes joined: `cluster` is this one with them appended (so every index, of a node
+        and of a GPU, stays what it was), and `policy` the policy for it. The plan and what
+        launched attempts hold are rebuilt on it from the jobs, as they stand."""
+        n = len(self.cluster.nodes)
+        if cluster.nodes[:n] != self.cluster.nodes:
+            raise ValueError("add_nodes: the new cluster must keep the old nodes, in order")
+        plan, held = ClusterState(cluster), ClusterState(cluster)
+        for js in self.running.values():
+            plan.allocate(js.allocation, js.job.request)  # type: ignore[arg-type]
+        for jid, (alloc, _, _) in self.next_start.items():
+            plan.allocate(alloc, self.jobs[jid].job.request)
+        for jid in self.runs:
+            js = self.jobs[jid]
+            held.allocate(js.allocation, js.job.request)  # type: ignore[arg-type]
+        for alloc, req in self.down.holds:
+            plan.allocate(alloc, req)
+        self.state, self.held = plan, held
+        self.set_policy(policy, cluster)
+
     def set_down(self, nodes: frozenset[int]) -> None:
         """The nodes (by index) that have left the cluster now; see plinth.sched.nodes."""
         if self.down.set(nodes, self.state):
