@@ -71,7 +71,8 @@ class PlinthBed:
     def shared(self) -> Path:
         return self.bed.shared
 
-    def up(self) -> PlinthBed:
+    def up(self, plane: bool = True) -> PlinthBed:
+        """The hosts, Ray on them, and (`plane`) the control plane on h1."""
         self.bed.up()
         self.ray("h1", "--head", "--port", str(RAY_PORT), "--num-cpus", "0", "--num-gpus", "0",
                  "--include-dashboard", "false", "--ray-client-server-port", "10001",
@@ -80,7 +81,8 @@ class PlinthBed:
             self.join(w)
         self.wait_ray_nodes(1 + len(self.workers))
         self.jobs_dir.mkdir(mode=0o755)
-        self.start_plane()
+        if plane:
+            self.start_plane()
         return self
 
     def ray(self, host: str, *args: str) -> None:

@@ -3,6 +3,8 @@ through the runtime protocol, here on the simulated runtime and a virtual clock.
 
 from __future__ import annotations
 
+import threading
+
 from plinth.core.clock import VirtualClock
 from plinth.core.lifecycle import State
 from plinth.core.resources import Cluster, Node, Request
@@ -11,7 +13,7 @@ from plinth.core.throughput import FIXED_SPEED
 from plinth.core.workload import Job
 from plinth.runtime.sim import SimRuntime
 from plinth.sched.driver import Driver, Pacer
-from plinth.sched.events import Launch, Output, Submitted
+from plinth.sched.events import Cancelled, Launch, Output, Submitted
 from plinth.sched.owner import Owner
 from plinth.sched.policies import make_policy
 from plinth.sched.types import SchedConfig
@@ -93,3 +95,63 @@ def test_a_pacer_puts_a_pass_off_and_the_driver_comes_back_for_it():
     rig.driver.step()
     assert rig.owner.passes == 2 and rig.driver.deferred is None
     assert rig.driver.next_time() == rig.runtime.next_time() == 11.0
+
+
+class GatedRuntime(SimRuntime):
+    """The simulated runtime whose launches take as long as a test says (Ray's take seconds),
+    and may run several at once."""
+
+    capabilities = SimRuntime.capabilities | {"concurrent-launch"}
+
+    def __init__(self, *a, **kw) -> None:
+        super().__init__(*a, **kw)
+        self.gate = threading.Event()
+        self.stops: list[tuple[int, int]] = []
+
+    def launch(self, spec: LaunchSpec):
+        assert self.gate.wait(30), "the test never opened the gate"
+        return super().launch(spec)
+
+    def stop(self, job_id: int, attempt: int, grace_s: float, *, checkpoint: bool = False):
+        self.stops.append((job_id, attempt))
+        super().stop(job_id, attempt, grace_s, checkpoint=checkpoint)
+
+
+def _gated_rig(jobs: list[Job]) -> tuple[Rig, GatedRuntime, threading.Event]:
+    rig = Rig(jobs)
+    rt = GatedRuntime(CLUSTER, CFG.work_model(CLUSTER), rig.jobs, clock=rig.clock)
+    woke = threading.Event()
+    rig.runtime = rt
+    rig.driver = Driver(rig.owner, rt, clock=rig.clock, launch_spec=rig.driver.launch_spec,
+                        grace_s=10.0, record=rig.outputs.append, wake=woke.set)
+    return rig, rt, woke
+
+
+def test_a_turn_does_not_wait_for_launches_and_the_next_takes_their_results():
+    rig, rt, woke = _gated_rig([job(1), job(2)])
+    rig.driver.step([Submitted(j) for j in rig.jobs.values()])  # returns: the gate is shut
+    assert rig.driver.launching == 2
+    assert rt.next_time() is None  # nothing has reached the runtime yet
+    rt.gate.set()
+    assert woke.wait(30)
+    while rig.driver.launching:
+        rig.driver.step()
+        woke.wait(1)
+        woke.clear()
+    assert rt.next_time() == 100.0  # both launched
+    rig.run()
+    assert {js.status for js in rig.owner.jobs.values()} == {State.SUCCEEDED}
+
+
+def test_a_stop_for_a_launch_on_its_way_is_sent_when_it_is_up():
+    rig, rt, woke = _gated_rig([job(1)])
+    rig.driver.step([Submitted(rig.jobs[1])])
+    rig.driver.step([Cancelled(1, "by the test")])  # its launch is still on its way
+    assert rt.stops == []
+    rt.gate.set()
+    assert woke.wait(30)
+    while rig.driver.launching:
+        rig.driver.step()
+    assert rt.stops == [(1, 1)]
+    rig.run()
+    assert rig.owner.jobs[1].status is State.CANCELLED

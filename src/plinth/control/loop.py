@@ -44,7 +44,8 @@ class Loop:
         self.driver = Driver(cp.owner, cp.runtime, clock=cp.clock,
                              launch_spec=cp.launches.spec, grace_s=cp.grace_s,
                              record=self.record, launched=cp.launches.launched,
-                             on_pass=cp.metrics.scheduled, pacer=Pacer() if paced else None)
+                             on_pass=cp.metrics.scheduled, pacer=Pacer() if paced else None,
+                             wake=self.notify if paced else None)
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
@@ -87,7 +88,8 @@ class Loop:
                     time.monotonic() >= self._nodes_due
                     or any(r.kind is EventKind.LOST for r in reports)):
                 self._follow_nodes()
-            self.driver.turn([*self.driver.events(reports, now), *cp.take_incoming()], now)
+            self.driver.turn([*self.driver.launches_done(now), *self.driver.events(reports, now),
+                              *cp.take_incoming()], now)
             cp.workloads.tick(now)
 
     def _run(self) -> None:

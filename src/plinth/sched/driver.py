@@ -17,6 +17,14 @@ its loop thread, with passes spaced by a `Pacer`; the simulator (plinth.sim.engi
 virtual clock with the simulated runtime, every pass at once. `next_time` says when the next
 turn is due for a virtual clock to jump to.
 
+Launches off the loop: with `wake` given (the control plane's loop) and a runtime that says
+"concurrent-launch" (Ray: a placement group and an actor per worker, seconds each), a turn
+hands its launches to a pool of threads and goes on; no turn waits for a launch. A launch that
+is done wakes the loop, and the next turn takes its result (the runtime's handle, recorded as
+the job's `started`, or why it failed) before the runtime's reports. A stop for an attempt
+whose launch is still on its way is carried out when the launch is done. Without `wake` (the
+simulator, the tests' virtual platform) every launch is carried out within its turn.
+
 It lives in `sched`, beside the owner it drives. It speaks to a runtime only through the
 protocol in `plinth.core.runtime`, which lives in `core` for that reason: `sched` and
 `runtime` are peers, neither imports the other, and the shells above both (`control`, `sim`)
@@ -26,6 +34,7 @@ hand it the runtime they built. So the one loop body serves every runtime and bo
 from __future__ import annotations
 
 import logging
+import queue
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -94,11 +103,13 @@ class Driver:
                  record: Callable[[Output], None] | None = None,
                  launched: Callable[[Launch, Handle], None] | None = None,
                  on_pass: Callable[[Output], None] | None = None,
-                 pacer: Pacer | None = None, launch_threads: int = LAUNCH_THREADS) -> None:
+                 pacer: Pacer | None = None, launch_threads: int = LAUNCH_THREADS,
+                 wake: Callable[[], None] | None = None) -> None:
         """`record(out)`: the shell's, for every output before its instructions run;
         `launched(ins, handle)`: after each launch that worked; `on_pass(out)`: after each
         step of the owner that ran a pass; `pacer`: spaces the passes (None: each runs as soon
-        as it is needed)."""
+        as it is needed); `wake`: called from a launch thread when a launch is done (given,
+        launches on a "concurrent-launch" runtime run off the loop)."""
         if not grace_s >= 0:
             raise ValueError(f"Driver: grace_s must be >= 0 seconds, got {grace_s!r}")
         self.owner, self.runtime, self.clock = owner, runtime, clock
@@ -111,6 +122,11 @@ class Driver:
         self._next_event = getattr(runtime, "next_time", None)  # a virtual runtime's
         self._progress = "progress" in runtime.capabilities
         self._pool: ThreadPoolExecutor | None = None  # made at the first concurrent batch
+        self._wake = wake if "concurrent-launch" in runtime.capabilities else None
+        # Launches off the loop: those on their way (with a stop asked for meanwhile, if one
+        # was), and those done, for the next turn to take.
+        self._inflight: dict[tuple[int, int], tuple[bool, bool] | None] = {}
+        self._done: queue.SimpleQueue[tuple[Launch, Handle | LaunchError]] = queue.SimpleQueue()
 
     # --- a turn -------------------------------------------------------------------------------
 
@@ -124,8 +140,29 @@ class Driver:
         self.carry_out(self._handle(events, now), now)
 
     def poll(self, now: float) -> list[Event]:
-        """The runtime's reports since the last poll, as the owner's events."""
-        return self.events(self.runtime.poll(), now)
+        """The launches done off the loop, then the runtime's reports since the last poll, as
+        the owner's events."""
+        return self.launches_done(now) + self.events(self.runtime.poll(), now)
+
+    def launches_done(self, now: float) -> list[Event]:
+        """The launches done off the loop since the last look, as the owner's events (a stop
+        asked for meanwhile is sent now)."""
+        out: list[Event] = []
+        while not self._done.empty():
+            ins, result = self._done.get()
+            stop = self._inflight.pop((ins.job_id, ins.attempt), None)
+            if stop is not None and not isinstance(result, LaunchError):
+                self.runtime.stop(ins.job_id, ins.attempt, self.grace_s if stop[0] else 0.0,
+                                  checkpoint=stop[1])
+            ev = self._launched(ins, result, now)
+            if ev is not None:
+                out.append(ev)
+        return out
+
+    @property
+    def launching(self) -> int:
+        """Launches on their way, off the loop."""
+        return len(self._inflight)
 
     def next_time(self) -> float | None:
         """When a turn is next due if nothing else comes: the owner's next timer, a pass put
@@ -152,11 +189,15 @@ class Driver:
             for ins in out.instructions:
                 if type(ins) is Launch:
                     launches.append(ins)
+                elif (ins.job_id, ins.attempt) in self._inflight:  # stopped when it is up
+                    self._inflight[(ins.job_id, ins.attempt)] = (grace > 0, ins.checkpoint)
                 else:
                     runtime.stop(ins.job_id, ins.attempt, grace,
                                  checkpoint=ins.checkpoint)  # type: ignore[union-attr]
             feedback: list[Event] = []
-            if launches:
+            if launches and self._wake is not None:
+                feedback += self._launch_off_loop(launches, now)
+            elif launches:
                 for ins, result in zip(launches, self._launch_all(launches), strict=True):
                     ev = self._launched(ins, result, now)
                     if ev is not None:
@@ -238,6 +279,25 @@ class Driver:
         else:
             done = iter([self._launch_one(s) for s in ready])
         return [next(done) if isinstance(s, LaunchSpec) else s for s in specs]
+
+    def _launch_off_loop(self, launches: list[Launch], now: float) -> list[Event]:
+        """Hand each launch to the pool; those whose spec cannot be made fail now."""
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="plinth-launch")
+        failed = []
+        for ins in launches:
+            spec = self._spec_or_error(ins)
+            if isinstance(spec, LaunchError):
+                failed.append(self._launched(ins, spec, now))
+                continue
+            self._inflight[(ins.job_id, ins.attempt)] = None
+            self._pool.submit(self._launch_done, ins, spec)
+        return [ev for ev in failed if ev is not None]
+
+    def _launch_done(self, ins: Launch, spec: LaunchSpec) -> None:
+        """In a launch thread: launch, and hand the result to the loop."""
+        self._done.put((ins, self._launch_one(spec)))
+        self._wake()  # type: ignore[misc]
 
     def _spec_or_error(self, ins: Launch) -> LaunchSpec | LaunchError:
         try:

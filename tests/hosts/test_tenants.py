@@ -1,0 +1,46 @@
+"""A tenant on the Ray nodes of the bed, attacking as a hostile tenant would: its job runs as its
+own Unix user on a worker host (the Ray node runs as root), and tries to become root through
+Ray itself: it joins the cluster as a driver, at the head's address and through the node's own
+raylet ("auto"), and asks Ray to run a task, which would run as root. Ray's token
+authentication (the token readable by root alone) must refuse it."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+pytestmark = [pytest.mark.hosts, pytest.mark.slow, pytest.mark.xdist_group("hosts")]
+
+ATTACK = """
+import os, sys
+import ray
+for address in sys.argv[1:]:
+    try:
+        ray.init(address=address, log_to_driver=False, logging_level="ERROR")
+        uid = ray.get(ray.remote(lambda: os.getuid()).remote(), timeout=60)
+        print("ESCALATED", address, uid, flush=True)
+    except Exception as e:
+        print("refused", address, type(e).__name__, flush=True)
+    finally:
+        ray.shutdown()
+"""
+
+
+def test_a_tenants_job_cannot_join_ray_and_run_a_task_as_root(plinth_bed):
+    pb = plinth_bed
+    script = pb.shared / "attack.py"
+    script.write_text(ATTACK)
+    script.chmod(0o644)
+    spec = pb.shared / "attack.yaml"
+    spec.write_text(f"name: attack\ncommand: [timeout, '150', {sys.executable}, {script}, "
+                    f"'{pb.head}:6379', auto]\nresources: {{cpus: 1}}\nmax_runtime: 4m\n")
+    pb.cli("h3", "submit", "--wait", str(spec), check=False, timeout=300)
+    jobs = json.loads(pb.cli("h3", "ls", "--all", "-o", "json").stdout)
+    job = next(j for j in jobs if j["name"] == "attack")
+    log = pb.cli("h3", "logs", str(job["id"])).stdout
+    print(log)
+    assert "ESCALATED" not in log, log
+    # It ran, as the tenant, and each way in was refused (not skipped by an error before it).
+    assert log.count("refused") == 2 or "Authentication" in log or "auth" in log.lower(), log
