@@ -44,7 +44,7 @@ def skip_reason() -> str | None:
 
 
 def _ip(*args: str) -> None:
-    done = subprocess.run(["ip", *args], capture_output=True, text=True)
+    done = subprocess.run(["ip", *args], capture_output=True, text=True, check=False)
     if done.returncode:
         raise RuntimeError(f"ip {' '.join(args)}: {done.stderr.strip()}")
 
@@ -121,7 +121,7 @@ class Bed:
     def sh(self, host: str, argv: list[str], *, timeout: float = 120,
            check: bool = True, **kw) -> subprocess.CompletedProcess:
         """Run `argv` on `host` to its end; its output as text."""
-        done = subprocess.run(self.argv(host, argv), capture_output=True, text=True,
+        done = subprocess.run(self.argv(host, argv), capture_output=True, text=True, check=False,
                               timeout=timeout, **kw)
         if check and done.returncode:
             raise RuntimeError(f"on {host}: {' '.join(argv)} exited {done.returncode}: "
@@ -131,7 +131,7 @@ class Bed:
     def pids(self, host: str) -> list[int]:
         """Every process in `host`'s network namespace."""
         out = subprocess.run(["ip", "netns", "pids", self.hosts[host].netns],
-                             capture_output=True, text=True).stdout
+                             capture_output=True, text=True, check=False).stdout
         return [int(p) for p in out.split()]
 
     # ------------------------------------------------------------------ faults
@@ -173,5 +173,5 @@ class Bed:
                 p.kill()
             p.wait(timeout=10)
         for ns in [h.netns for h in self.hosts.values()] + [self.switch]:
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True, check=False)
         shutil.rmtree(self.root, ignore_errors=True)

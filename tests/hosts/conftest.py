@@ -12,8 +12,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from bed import skip_reason  # noqa: E402
-from cluster import PlinthBed  # noqa: E402
+from bed import skip_reason
+from cluster import PlinthBed
 
 DEADLINE_S = 180.0  # generous: the machine is shared; tests never assert on time
 

@@ -40,7 +40,6 @@ def test_a_tenants_job_cannot_join_ray_and_run_a_task_as_root(plinth_bed):
     jobs = json.loads(pb.cli("h3", "ls", "--all", "-o", "json").stdout)
     job = next(j for j in jobs if j["name"] == "attack")
     log = pb.cli("h3", "logs", str(job["id"])).stdout
-    print(log)
     assert "ESCALATED" not in log, log
     # It ran, as the tenant, and each way in was refused (not skipped by an error before it).
     assert log.count("refused") == 2 or "Authentication" in log or "auth" in log.lower(), log

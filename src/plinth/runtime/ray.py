@@ -14,7 +14,8 @@ polling, and a call that fails because the actor or its node died makes the work
 watcher also enforces gang semantics, sends the SIGKILL that ends a stop's grace, reports new
 checkpoint markers (the checkpoint directory is storage that every node and the control plane
 share, as it must be for a job to resume elsewhere), and copies each worker's output from its
-node into the job's log file here.
+node into the job's log file here, with one call per node for all of its workers
+(plinth.runtime.ray_logs).
 
 A worker fences itself: it is killed on its node when its actor's raylet dies or the Ray head
 has been out of its reach for `fence_after_s` (ray_worker.WorkerActor._fence), so that a worker
@@ -50,7 +51,8 @@ from plinth.core.resources import MILLI, Node
 from plinth.core.runtime import EventKind, Handle, LaunchSpec, ProcRef, RuntimeEvent, gang_env
 from plinth.runtime.gpu import catalog_model
 from plinth.runtime.ray_connect import NAMESPACE, connect_ray, disconnect_ray, one_line
-from plinth.runtime.ray_worker import WorkerActor
+from plinth.runtime.ray_logs import LogShipper, Stream
+from plinth.runtime.ray_worker import WorkerActor, actor_name
 from plinth.runtime.watch import EventQueue, check_launch, checkpoint_events
 
 log = logging.getLogger(__name__)
@@ -93,8 +95,6 @@ class _Worker:
     pid: int = 0
     start_time: float = 0.0
     wait_ref: object | None = None  # the pending `wait` call: its result is the exit code
-    log_ref: object | None = None  # a pending `take_log` call
-    log_at: float = 0.0  # monotonic time of the last log copy
     done: bool = False
     code: int | None = None  # once done: None means it vanished without an exit code
     ended_at: float | None = None  # wall clock, from its actor
@@ -137,6 +137,8 @@ class RayRuntime(EventQueue):
         EventQueue.__init__(self, notify)
         self._suspects: set[str] = set()  # Ray node ids where a worker was lost
         self._actor_cls = self.ray.remote(WorkerActor)
+        self._logs = LogShipper(self.ray, namespace, self._problem, every_s=LOG_EVERY_S,
+                                call_timeout_s=CALL_TIMEOUT_S)
         self._nodes = self._read_nodes()
         self._attempts: dict[tuple[int, int], _Attempt] = {}
         self._closed = threading.Event()
@@ -185,7 +187,7 @@ class RayRuntime(EventQueue):
             strategy = ray.util.scheduling_strategies.PlacementGroupSchedulingStrategy
             for i, (w, b) in enumerate(zip(ordered, bundles, strict=True)):
                 actors.append(self._actor_cls.options(
-                    name=_actor_name(spec.job_id, spec.attempt, w.rank),
+                    name=actor_name(spec.job_id, spec.attempt, w.rank),
                     namespace=self.namespace, lifetime="detached", max_restarts=0,
                     max_concurrency=4, num_cpus=b["CPU"], num_gpus=b.get("GPU", 0),
                     memory=b.get("memory"),
@@ -214,12 +216,11 @@ class RayRuntime(EventQueue):
             elif isinstance(e, ray.exceptions.RayError):  # an actor or its node died, a timeout
                 raise Unavailable(f"{where}: did not start on Ray: {one_line(e)}") from None
             raise PlinthError(f"{where}: did not start on Ray: {one_line(e)}") from None
-        workers = [_Worker(w.rank, _actor_name(spec.job_id, spec.attempt, w.rank), a, pid, st,
+        workers = [_Worker(w.rank, actor_name(spec.job_id, spec.attempt, w.rank), a, pid, st,
                            node_id=self._nodes[w.node].node_id)
                    for w, a, (pid, st) in zip(ordered, actors, started, strict=True)]
         for wk in workers:
             wk.wait_ref = wk.actor.wait.remote()  # type: ignore[attr-defined]
-            wk.log_at = time.monotonic()
         with self._lock:
             self._attempts[key] = _Attempt(spec.job_id, spec.attempt, workers, spec.log_path,
                                            spec.checkpoint_dir, launched_at)
@@ -258,8 +259,7 @@ class RayRuntime(EventQueue):
             ends = [w.ended_at for w in workers if w.ended_at is not None]
             end = RuntimeEvent(end.job_id, end.attempt, end.kind, end.exit_code, end.message,
                                at=max(ends) if ends else None)
-            for wk in workers:
-                self._copy_log(att, wk, time.monotonic(), final=True)
+            self._logs.drain(_streams(att, workers))
             self._emit([*self._checkpoints([att], final=True), end])
             self._release(att)
             return False
@@ -277,7 +277,7 @@ class RayRuntime(EventQueue):
         ray, actors, infos = self.ray, [], []
         for rank in range(workers):
             try:
-                actor = ray.get_actor(_actor_name(job_id, attempt, rank), namespace=self.namespace)
+                actor = ray.get_actor(actor_name(job_id, attempt, rank), namespace=self.namespace)
                 info = ray.get(actor.info.remote(), timeout=CALL_TIMEOUT_S)
             except (ValueError, ray.exceptions.RayError):
                 continue
@@ -287,7 +287,7 @@ class RayRuntime(EventQueue):
         if len(infos) == workers:
             return Handle(job_id, attempt,
                           tuple(ProcRef(i["id"][3], i["id"][4],
-                                        ACTOR_REF + _actor_name(job_id, attempt, rank))
+                                        ACTOR_REF + actor_name(job_id, attempt, rank))
                                 for rank, i in enumerate(infos)),
                           infos[0]["checkpoint_dir"])
         _end_actors(ray, actors)
@@ -372,7 +372,6 @@ class RayRuntime(EventQueue):
                 wk.why = "it vanished while no control plane watched"
         else:
             wk.wait_ref = actor.wait.remote()
-            wk.log_at = time.monotonic()
         return wk
 
     # ----------------------------------------------------------------- watching
@@ -407,8 +406,6 @@ class RayRuntime(EventQueue):
                         if wk.code != 0 and others and not att.reason:
                             self._stop(att, self.gang_grace_s, f"rank {wk.rank} {_what(wk)}; "
                                                                "the other workers were stopped")
-                elif not wk.done and now - wk.log_at >= LOG_EVERY_S:
-                    self._copy_log(att, wk, now)
             with self._lock:
                 if att.kill_at is not None and now >= att.kill_at:
                     att.kill_at = None
@@ -421,9 +418,10 @@ class RayRuntime(EventQueue):
                     ending.append(att)
                 else:
                     watched.append(att)
+        self._logs.tick([s for att in watched for s in _streams(
+            att, [wk for wk in att.workers if not wk.done])], now)
         for att in ending:
-            for wk in att.workers:
-                self._copy_log(att, wk, now, final=True)
+            self._logs.drain(_streams(att, att.workers))
             self._release(att)
         self._emit(self._checkpoints(watched) + self._checkpoints(ending, final=True) + events)
 
@@ -447,39 +445,6 @@ class RayRuntime(EventQueue):
         if wk.code is None and not wk.why:
             wk.why = "it ended without leaving an exit code"
         wk.done, wk.wait_ref = True, None
-
-    def _copy_log(self, att: _Attempt, wk: _Worker, now: float, *, final: bool = False) -> None:
-        """Append the worker's new output to the job's log file; at the end, all of it."""
-        ray = self.ray
-        wk.log_at = now
-        if wk.actor is None or not att.log_path:
-            return
-        if wk.log_ref is not None:
-            if not final and not ray.wait([wk.log_ref], timeout=0)[0]:
-                return  # the previous copy is still on its way
-            self._write_log(att, wk, wk.log_ref)
-            wk.log_ref = None
-        if not final:
-            wk.log_ref = wk.actor.take_log.remote()  # type: ignore[attr-defined]
-            return
-        while self._write_log(att, wk, wk.actor.take_log.remote()):  # type: ignore[attr-defined]
-            pass
-
-    def _write_log(self, att: _Attempt, wk: _Worker, ref) -> int:
-        try:
-            chunk = self.ray.get(ref, timeout=CALL_TIMEOUT_S)
-        except self.ray.exceptions.RayError as e:
-            self._problem(f"job {att.job_id} attempt {att.attempt} rank {wk.rank}: its output "
-                          f"could not be fetched: {one_line(e)}")
-            return 0
-        if chunk:
-            try:
-                with open(att.log_path, "ab") as f:
-                    f.write(chunk)
-            except OSError as e:
-                self._problem(f"job {att.job_id}: log {att.log_path}: {e.strerror}")
-                return 0
-        return len(chunk)
 
     def _stop(self, att: _Attempt, grace_s: float, reason: str) -> None:
         att.reason = att.reason or reason
@@ -572,8 +537,11 @@ def _free_pg(ray, job_id: int, attempt: int) -> None:
     ray.util.remove_placement_group(pg)
 
 
-def _actor_name(job_id: int, attempt: int, rank: int) -> str:
-    return f"plinth-j{job_id}-a{attempt}-r{rank}"
+def _streams(att: _Attempt, workers: list[_Worker]) -> list[Stream]:
+    """The output of `workers` of `att` that is still on their nodes."""
+    return [Stream(wk.node_id, wk.name, att.log_path,
+                   f"job {att.job_id} attempt {att.attempt} rank {wk.rank}")
+            for wk in workers if wk.node_id and att.log_path]
 
 
 def _pg_name(job_id: int, attempt: int) -> str:

@@ -3,8 +3,8 @@
 RayRuntime makes WorkerActor a Ray actor (named and detached) in the worker's bundle of its
 attempt's placement group, so it runs on the node the scheduler chose and outlives the control
 plane that made it. It starts the worker through the local runtime's shim (plinth/runtime/shim.py)
-in a session of its own, waits for it, relays signals to it, and keeps its output until the
-control plane takes it. Only the standard library, psutil and Plinth are imported at the top:
+in a session of its own, waits for it, relays signals to it, and keeps its output on the node,
+where the node's NodeLogs actor hands it over (plinth.runtime.ray_logs). Only the standard library, psutil and Plinth are imported at the top:
 the module is imported in every Ray worker process that hosts an actor.
 """
 
@@ -15,7 +15,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -26,15 +25,15 @@ from plinth.core.errors import PlinthError
 from plinth.core.runtime import NODE_ADDRESS
 from plinth.runtime.local import INHERITED_ENV
 from plinth.runtime.procs import LOG_LIMIT_MIB, killpg, start_shim, user_env, user_ids
+from plinth.runtime.ray_logs import worker_dir
 
-LOG_CHUNK = 1 << 20  # most bytes one `take_log` returns
 FENCE_POLL_S = 1.0  # how often an actor looks at its raylet and the Ray head
 
 
 class WorkerActor:
     """One worker of an attempt, on the node of its bundle: it starts the worker's shim in a
-    session of its own, waits for it, relays signals to it, and keeps its output until the
-    control plane takes it. Made a Ray actor by RayRuntime (ray.remote), named and detached, so
+    session of its own, waits for it, relays signals to it, and keeps its output in its folder
+    on the node until the control plane has taken it. Made a Ray actor by RayRuntime (ray.remote), named and detached, so
     that it outlives the control plane that made it."""
 
     def __init__(self, job_id: int, attempt: int, rank: int, fence_after_s: float = 0.0
@@ -46,9 +45,11 @@ class WorkerActor:
         self.start_time = 0.0
         self.killed = False
         self.result: tuple[int | None, float] | None = None  # (exit code, wall time of the end)
-        self.dir = Path(tempfile.mkdtemp(prefix=f"plinth-j{job_id}-a{attempt}-r{rank}-"))
+        # Its output, which the node's NodeLogs hands over (plinth.runtime.ray_logs).
+        self.dir = worker_dir(actor_name(job_id, attempt, rank))
+        shutil.rmtree(self.dir, ignore_errors=True)  # an earlier actor's of this name
+        self.dir.mkdir(mode=0o700, parents=True)
         self.log_file = self.dir / "output.log"
-        self.sent = 0  # bytes of the output already taken
         self.log_path = ""
         self.checkpoint_dir: str | None = None
         self.lock = threading.Lock()
@@ -177,18 +178,9 @@ class WorkerActor:
             self.signal(signal.SIGKILL)
         shutil.rmtree(self.dir, ignore_errors=True)
 
-    def take_log(self) -> bytes:
-        """Output not taken yet, up to LOG_CHUNK bytes."""
-        try:
-            with open(self.log_file, "rb") as f:
-                f.seek(self.sent)
-                chunk = f.read(LOG_CHUNK)
-        except FileNotFoundError:
-            return b""
-        self.sent += len(chunk)
-        if not chunk and self.result is not None:  # all of it taken: nothing more will come
-            shutil.rmtree(self.dir, ignore_errors=True)
-        return chunk
+
+def actor_name(job_id: int, attempt: int, rank: int) -> str:
+    return f"plinth-j{job_id}-a{attempt}-r{rank}"
 
 
 def _interface_env(address: str, env: dict[str, str]) -> dict[str, str]:
