@@ -22,8 +22,8 @@ from plinth.cli.platform import connect, console, jobs_table
 from plinth.cli.tables import fl_table, nodes_table, services_table
 from plinth.cli.tune import tune_table
 from plinth.core.errors import PlinthError
-from plinth.core.net import free_port
 from plinth.core.lifecycle import State
+from plinth.core.net import free_port
 
 if TYPE_CHECKING:
     from plinth.client import Client

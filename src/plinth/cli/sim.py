@@ -96,6 +96,7 @@ def sim(
     out: Annotated[str | None, typer.Option(help="Folder for plots and results.")] = "results/sim",
 ) -> None:
     """Replay a trace under one or more scheduling policies."""
+    import plinth.control.kinds  # noqa: F401  # a --cluster YAML of another kind is named as such
     from plinth.core.spec import load_cluster
     from plinth.core.throughput import DEFAULT_THROUGHPUTS, Throughputs
     from plinth.sim.run import check_job_types, parse_rounds, sched_config
