@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+import plinth.control.kinds  # noqa: F401  # registers the kinds that load_spec reads
 from plinth.core.jobspec import JobSpec
 from plinth.core.errors import SpecError
 from plinth.core.spec import KINDS, ClusterSpec, load_spec, spec_from_dict

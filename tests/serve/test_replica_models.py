@@ -21,6 +21,7 @@ import uvicorn
 from fastapi import FastAPI, Request, Response
 from replica_process import ReplicaProcess
 
+import plinth.control.kinds  # noqa: F401  # registers the kinds that load_spec reads
 from plinth.core.errors import PlinthError, SpecError
 from plinth.serve.check import check_model, check_model_here
 from plinth.serve.model import forward_fn, load_handler, load_model

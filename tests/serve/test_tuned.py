@@ -24,6 +24,7 @@ import yaml
 from filelock import FileLock
 from replica_process import ReplicaProcess
 
+import plinth.control.kinds  # noqa: F401  # registers the kinds that load_spec reads
 from plinth.core.errors import SpecError
 from plinth.core.net import free_port
 from plinth.core.spec import load_spec

@@ -6,6 +6,7 @@ import textwrap
 
 import pytest
 
+import plinth.control.kinds  # noqa: F401  # registers the kinds that load_spec reads
 from plinth.core.errors import SpecError
 from plinth.core.spec import load_spec
 

@@ -14,8 +14,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from plinth.cli.platform import Server, Token, console
-from plinth.client import ApiError, Client
+from plinth.cli.platform import Server, Token, connect, console
 from plinth.core.errors import PlinthError, SpecError
 from plinth.core.lifecycle import State
 
@@ -45,6 +44,7 @@ def export(
     server: Server = None, token: Token = None,
 ) -> None:
     """Export finished jobs as a trace, with the cluster, to replay with `plinth sim`."""
+    from plinth.client import ApiError
     from plinth.control import export as ex
     from plinth.core.spec import dump_cluster_yaml
     from plinth.sim.traces.csv import write_csv
@@ -56,7 +56,7 @@ def export(
     cluster_out = cluster_out or out.with_suffix(".cluster.yaml")
     meta_out = meta_out or out.with_suffix(".meta.json")
     notes: list[str] = []
-    with Client(server, token) as c:
+    with connect(server, token) as c:
         health = c.health()
         rows = c.jobs(all=True, tenant=tenant, limit=API_LIMIT)
         if len(rows) == API_LIMIT:

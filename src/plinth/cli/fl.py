@@ -1,4 +1,9 @@
-"""`plinth fl server|client|sim|certs|tokens|consent`: federated learning from one app YAML."""
+"""`plinth fl server|client|sim|certs|tokens|consent`: federated learning from one app YAML.
+
+A command imports what it runs when it runs, so that `--help` stays quick. Each one that reads
+an APP.yaml imports `plinth.control.kinds` first: it registers every kind, so that a spec of
+another kind is named as such ("this command reads a FLTask spec, not a Service spec").
+"""
 
 from __future__ import annotations
 
@@ -60,6 +65,7 @@ def sim(
     out: Annotated[str | None, typer.Option(help="Folder for PNG plots.")] = None,
 ) -> None:
     """Simulate a federation: virtual clients in a process pool or on Ray, the real server."""
+    import plinth.control.kinds  # noqa: F401  # registers the kinds: see the docstring
     from plinth.fl.sim import run_sim
 
     if resume and not checkpoint:
@@ -151,6 +157,7 @@ def server(
     tls: TlsOpt = None,
 ) -> None:
     """Serve a federation over gRPC; clients join with `plinth fl client`."""
+    import plinth.control.kinds  # noqa: F401  # registers the kinds: see the docstring
     from plinth.fl.deploy import run_server
 
     overrides = {"checkpoint_dir": str(Path(checkpoint).resolve()) if checkpoint else None,
@@ -184,6 +191,7 @@ def client(
                                                "(plinth fl tokens) for --cids.")] = None,
 ) -> None:
     """Join a federation and train on local data until the server finishes."""
+    import plinth.control.kinds  # noqa: F401  # registers the kinds: see the docstring
     from plinth.fl.deploy import parse_cids, run_clients
 
     if cids is None:
@@ -239,6 +247,7 @@ def aggregator(
 ) -> None:
     """A machine's middle aggregator: this machine's clients join it (`plinth fl client
     --server` its address); it joins the server as one client and sends one update per round."""
+    import plinth.control.kinds  # noqa: F401  # registers the kinds: see the docstring
     from plinth.fl.deploy import run_aggregator
 
     def listening(port: int) -> None:
@@ -274,6 +283,7 @@ def admm(
     json_path: Annotated[str | None, typer.Option("--json", help="Write results JSON.")] = None,
 ) -> None:
     """Decentralised training: sites on loopback average their models by ADMM (no server)."""
+    import plinth.control.kinds  # noqa: F401  # registers the kinds: see the docstring
     from plinth.fl.admm.task import run_admm_app
     from plinth.fl.results import write_json
 
@@ -302,6 +312,7 @@ def admm_site(
     json_path: Annotated[str | None, typer.Option("--json", help="Write results JSON.")] = None,
 ) -> None:
     """One ADMM site as its own process; start one per entry of --peers."""
+    import plinth.control.kinds  # noqa: F401  # registers the kinds: see the docstring
     from plinth.fl.admm.task import read_peers, run_site
     from plinth.fl.results import write_json
 
@@ -353,6 +364,7 @@ TokenOpt = Annotated[str | None, typer.Option(help="This client's token (or $PLI
 
 def _consent_call(app_yaml: str, server: str, token: str | None, tls: str | None,
                   request: dict) -> dict:
+    import plinth.control.kinds  # noqa: F401  # registers the kinds: see the docstring
     from plinth.fl.deploy import consent_request
 
     return consent_request(app_yaml, server=server, token=token, request=request,
@@ -401,6 +413,7 @@ def consent_audit(
     """The operator's view: the audit log of the app's consent.registry."""
     from dataclasses import asdict
 
+    import plinth.control.kinds  # noqa: F401  # registers the kinds: see the docstring
     from plinth.fl.app import load_app
     from plinth.fl.privacy.consent import ConsentRegistry, export_audit
 

@@ -18,7 +18,6 @@ from plinth.cli import quickstart as quickstart_cmd
 from plinth.cli import serve as serve_cmd
 from plinth.cli import sim as sim_cmd
 from plinth.cli import tune as tune_cmd
-from plinth.control import kinds as _kinds  # noqa: F401  # registers the kinds (load_spec)
 from plinth.core.errors import PlinthError
 
 app = typer.Typer(help="Plinth: an ML platform. Run jobs on GPUs, simulate schedulers, "

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console, Group
@@ -13,9 +13,10 @@ from rich.table import Table
 
 from plinth.cli.tables import fl_table, nodes_table, services_table
 from plinth.cli.tables import ms as _ms
-from plinth.client import Client, plinth_home
-from plinth.control.kinds import CONTROLLERS, check_kind
 from plinth.core.errors import PlinthError
+
+if TYPE_CHECKING:
+    from plinth.client import Client
 
 console = Console()
 
@@ -23,6 +24,15 @@ Server = Annotated[str | None, typer.Option("--server", envvar="PLINTH_SERVER",
                                            help="Control plane URL (default: 127.0.0.1:8642).")]
 Token = Annotated[str | None, typer.Option("--token", envvar="PLINTH_TOKEN",
                                           help="API token (default: $PLINTH_HOME/token).")]
+
+
+def connect(server: str | None, token: str | None) -> Client:
+    """The control plane's client, as every command that talks to it opens it. The client (httpx,
+    the spec models) is imported here, when a command runs, so that `--help` stays quick."""
+    from plinth.client import Client
+
+    return Client(server, token)
+
 
 STATE_STYLE = {"pending": "yellow", "running": "green", "stopping": "magenta",
                "succeeded": "bold green", "failed": "red", "cancelled": "dim", "timeout": "red"}
@@ -82,6 +92,7 @@ def up(
                                                 "was cut (0: no limit).")] = 256,
 ) -> None:
     """Start the control plane: store, local runtime, scheduler and REST API (foreground)."""
+    from plinth.client import plinth_home
     from plinth.control.server import ServerConfig, serve
 
     cfg = ServerConfig(home=(home or plinth_home()).expanduser(), host=host, port=port, db=db,
@@ -105,6 +116,7 @@ def submit(specs: Annotated[list[Path], typer.Argument(help="Job spec YAML files
                                           "afterany, afterok, afternotok).")] = None,
            server: Server = None, token: Token = None) -> None:
     """Submit workloads of any kind: jobs, services, FL tasks, tuning; prints each one's id."""
+    from plinth.control.kinds import check_kind
     from plinth.core.jobspec import JobSpec
     from plinth.core.spec import load_spec
 
@@ -118,7 +130,7 @@ def submit(specs: Annotated[list[Path], typer.Argument(help="Job spec YAML files
         deps = parse_dependency(dependency)
         loaded = [j.model_copy(update={k: [*getattr(j, k), *v] for k, v in deps.items()})
                   if isinstance(j, JobSpec) else j for j in loaded]
-    with Client(server, token) as c:
+    with connect(server, token) as c:
         ids = []
         for path, spec in zip(specs, loaded):
             w = c.submit_workload(spec, base=path.parent)
@@ -268,8 +280,10 @@ def ls(all: Annotated[bool, typer.Option("--all", "-a", help="Include finished j
                                                                   "job array.")] = False,
        output: Output = "table", server: Server = None, token: Token = None) -> None:
     """The queue, as squeue shows it: pending, running and stopping jobs (all with --all)."""
+    from plinth.control.kinds import CONTROLLERS
+
     table = output in ("table", "wide")
-    with Client(server, token) as c:
+    with connect(server, token) as c:
         jobs, total = c.jobs_page(all=all, tenant=tenant, states=state, name=name, limit=limit,
                                   offset=(page - 1) * limit)
         # the other kinds' tables: every one of them, on each page
@@ -354,7 +368,7 @@ def show(job: JobRef, server: Server = None, token: Token = None) -> None:
     """A job's spec, allocation, events, and why it is pending; or a service's status."""
     import yaml
 
-    with Client(server, token) as c:
+    with connect(server, token) as c:
         j = c.workload(job)
     if j["kind"] != "Job":
         show_workload(j)
@@ -390,7 +404,7 @@ def show(job: JobRef, server: Server = None, token: Token = None) -> None:
 def logs(job: JobRef, follow: Annotated[bool, typer.Option("--follow", "-f")] = False,
          server: Server = None, token: Token = None) -> None:
     """Print a job's log (all attempts); -f follows it until the job finishes."""
-    with Client(server, token) as c:
+    with connect(server, token) as c:
         if follow:
             for chunk in c.follow(job):
                 typer.echo(chunk, nl=False)
@@ -404,7 +418,7 @@ def cancel(jobs: Annotated[list[str], typer.Argument(
            server: Server = None, token: Token = None) -> None:
     """Cancel jobs: a pending job at once, a running one with SIGTERM, then SIGKILL."""
     failed = False
-    with Client(server, token) as c:
+    with connect(server, token) as c:
         for job in jobs:
             try:
                 # As scancel: ARRAY is every task of it, ARRAY_INDEX one
@@ -425,7 +439,7 @@ def cancel(jobs: Annotated[list[str], typer.Argument(
 
 def nodes(server: Server = None, token: Token = None) -> None:
     """Nodes, their GPUs and what is allocated on them."""
-    with Client(server, token) as c:
+    with connect(server, token) as c:
         console.print(nodes_table(c.nodes()))
 
 
@@ -434,7 +448,7 @@ def top(interval: Annotated[float, typer.Option(help="Seconds between refreshes.
                                                      "(0: until Ctrl-C).")] = 0,
         server: Server = None, token: Token = None) -> None:
     """A live view of nodes and jobs."""
-    with Client(server, token) as c:
+    with connect(server, token) as c:
         def frame() -> Group:
             h = c.health()
             jobs = c.jobs(all=False)
@@ -467,7 +481,7 @@ def tenant_set(name: str,
                         "[default: plinth-NAME, made for it].")] = None,
                server: Server = None, token: Token = None) -> None:
     """Create a tenant or change its quota."""
-    with Client(server, token) as c:
+    with connect(server, token) as c:
         t = c.set_tenant(name, gpus, borrowing_limit, user)
         runs_as = f", jobs run as Unix user {t['user']}" if t.get("user") else ""
         console.print(f"tenant {name}: quota {gpus if gpus is not None else 'equal share'} GPUs"
@@ -488,7 +502,7 @@ def tenant_token(name: str,
         expires_in = None if expires is None else parse_duration(expires)
     except ValueError as e:
         raise PlinthError(f"--expires: {e}") from None
-    with Client(server, token) as c:
+    with connect(server, token) as c:
         t = c.new_token(name, expires_in)
     typer.echo(t["token"])
     until = "until revoked" if t["expires"] is None else f"until {_when(t['expires'])}"
@@ -503,7 +517,7 @@ def _when(t: float | None) -> str:
 def tenant_tokens(name: Annotated[str | None, typer.Argument(help="Only this tenant's.")] = None,
                   server: Server = None, token: Token = None) -> None:
     """List API tokens by id (never by secret)."""
-    with Client(server, token) as c:
+    with connect(server, token) as c:
         rows = c.tokens(name)
     t = Table("ID", "TENANT", "ADMIN", "CREATED", "EXPIRES", box=None, header_style="bold")
     for r in rows:
@@ -516,7 +530,7 @@ def tenant_tokens(name: Annotated[str | None, typer.Argument(help="Only this ten
 def tenant_revoke(token_id: Annotated[str, typer.Argument(metavar="TOKEN-ID")],
                   server: Server = None, token: Token = None) -> None:
     """Revoke an API token by its id; it stops working at once."""
-    with Client(server, token) as c:
+    with connect(server, token) as c:
         c.revoke_token(token_id)
     console.print(f"token {token_id} revoked", highlight=False)
 
@@ -524,7 +538,7 @@ def tenant_revoke(token_id: Annotated[str, typer.Argument(metavar="TOKEN-ID")],
 @tenant_app.command("ls")
 def tenant_ls(server: Server = None, token: Token = None) -> None:
     """List tenants and their quotas."""
-    with Client(server, token) as c:
+    with connect(server, token) as c:
         t = Table("TENANT", "GPUS", "BORROWING LIMIT", "UNIX USER", box=None,
                   header_style="bold")
         for row in c.tenants():

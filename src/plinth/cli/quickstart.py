@@ -12,20 +12,21 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Group
 from rich.live import Live
 
-from plinth.cli.platform import console, jobs_table
+from plinth.cli.platform import connect, console, jobs_table
 from plinth.cli.tables import fl_table, nodes_table, services_table
 from plinth.cli.tune import tune_table
-from plinth.client import Client
 from plinth.core.errors import PlinthError
-from plinth.core.net import free_port
 from plinth.core.lifecycle import State
-from plinth.serve.loadgen import ClosedLoop
+from plinth.core.net import free_port
+
+if TYPE_CHECKING:
+    from plinth.client import Client
 
 EXAMPLES = ("train.yaml", "gang.yaml", "fraction.yaml")
 SERVICE = Path("examples/serve/service.yaml")
@@ -46,7 +47,7 @@ def start_server(home: Path, port: int, *extra: str, log: Path | None = None
     out.close()
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
-    with Client(url, token="-") as c:
+    with connect(url, "-") as c:
         while True:
             try:
                 c.health()
@@ -98,6 +99,7 @@ def quickstart(
 ) -> None:
     """Start the platform, submit the bundled examples, and watch them run and finish."""
     from plinth.runtime.gpu import discover_gpus
+    from plinth.serve.loadgen import ClosedLoop
 
     shutil.rmtree(home, ignore_errors=True)
     for other in ("-jobs", "-files"):  # as root: the tenants' folders, and what it hands them
@@ -112,7 +114,7 @@ def quickstart(
     token = (home / "token").read_text().strip()
     failed = False
     try:
-        with Client(f"127.0.0.1:{port}", token) as c:
+        with connect(f"127.0.0.1:{port}", token) as c:
             h = c.health()
             console.print(f"up: {h['gpus']} GPUs, policy {h['policy']}, isolation "
                           f"{h['isolation']}", highlight=False)

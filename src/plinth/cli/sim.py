@@ -9,9 +9,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from plinth.core.errors import SpecError
-from plinth.sched.policies import POLICIES
 from plinth.sim import report
-from plinth.sim.run import compare, sched_config
 
 console = report.console()
 
@@ -22,6 +20,8 @@ def _progress() -> Progress:
 
 
 def _run(jobs, cluster, policies, cfg, alibaba, title, json_path, out):
+    from plinth.sim.run import compare
+
     with _progress() as bar:
         tasks: dict[str, object] = {}
 
@@ -67,6 +67,8 @@ def with_series(rows: list[dict], results: list, points: int = 200) -> list[dict
 
 
 def _policy_list(policy: str, compare_list: str | None) -> list[str]:
+    from plinth.sched.policies import POLICIES
+
     names = [p.strip() for p in (compare_list or policy).split(",") if p.strip()]
     for n in names:
         if n.lower() not in POLICIES:
@@ -94,9 +96,10 @@ def sim(
     out: Annotated[str | None, typer.Option(help="Folder for plots and results.")] = "results/sim",
 ) -> None:
     """Replay a trace under one or more scheduling policies."""
+    import plinth.control.kinds  # noqa: F401  # a --cluster YAML of another kind is named as such
     from plinth.core.spec import load_cluster
     from plinth.core.throughput import DEFAULT_THROUGHPUTS, Throughputs
-    from plinth.sim.run import check_job_types, parse_rounds
+    from plinth.sim.run import check_job_types, parse_rounds, sched_config
     from plinth.sim.traces import load_trace
 
     names = _policy_list(policy, compare_)
@@ -120,6 +123,8 @@ def demo(
 ) -> None:
     """Every policy on a bundled synthetic workload, on a small heterogeneous cluster."""
     from plinth.core.spec import load_cluster
+    from plinth.sched.policies import POLICIES
+    from plinth.sim.run import sched_config
     from plinth.sim.traces.synthetic import synthetic_jobs
 
     spec = load_cluster("4x8xV100,2x8xP100,2x8xK80")
@@ -135,6 +140,8 @@ def demo(
 def policies() -> None:
     """List the scheduling policies."""
     import importlib
+
+    from plinth.sched.policies import POLICIES
 
     for name, target in POLICIES.items():
         module, cls = target.split(":")

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from plinth.core.errors import SpecError
 from plinth.core.gpus import GpuModel, gpu_model
+
+if TYPE_CHECKING:
+    import numpy as np
 
 MILLI = 1000
 
@@ -156,16 +158,22 @@ class Cluster:
 
     @cached_property
     def node_first_gpu(self) -> np.ndarray:
+        import numpy as np  # here, not at the top: reading a spec needs no numpy
+
         counts = np.array([n.num_gpus for n in self.nodes], dtype=np.int64)
         return np.concatenate(([0], np.cumsum(counts)[:-1]))
 
     @cached_property
     def gpu_node(self) -> np.ndarray:
+        import numpy as np
+
         return np.repeat(np.arange(len(self.nodes)), [n.num_gpus for n in self.nodes])
 
     @cached_property
     def node_model_id(self) -> np.ndarray:
         """Index into `models` per node; -1 for a node without GPUs."""
+        import numpy as np
+
         ids = {m: i for i, m in enumerate(self.models)}
         return np.array([ids.get(n.gpu_model, -1) if n.num_gpus else -1 for n in self.nodes])
 
@@ -187,6 +195,8 @@ class Cluster:
 
     @cached_property
     def node_rack_id(self) -> np.ndarray:
+        import numpy as np
+
         ids = {r: i for i, r in enumerate(self.racks)}
         return np.array([ids[n.rack] for n in self.nodes])
 

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from plinth.core.registry import Registry
-from plinth.fl.aggregate.engine import UpdateRejected
+from plinth.fl.aggregate.accumulator import UpdateRejected
 from plinth.fl.messages import NDArrays
 
 _QTYPE = {"q8": np.uint8, "q16": np.uint16}

@@ -4,14 +4,6 @@ Pure decision code: `latency` (queueing model), `utility` (relaxed utilities and
 `predict` (probabilistic forecasts), `solver` (cluster-wide replica allocation), `policies` (Faro and
 the baselines) and `controller` (the functional core of the control loop). Around it: `sim` replays
 traces in virtual time; `router`, `replica` and `serving` run real replicas on this machine.
-Importing this package loads neither torch nor the web stack; `serving` and `replica` do.
+This package's own import loads none of them, so that a Service spec is read without scipy; torch
+and the web stack come only with `serving` and `replica`.
 """
-
-from plinth.serve.controller import Controller
-from plinth.serve.policies import POLICIES, make_policy
-from plinth.serve.solver import Solution, solve
-from plinth.serve.types import Decision, Snapshot
-from plinth.serve.utility import JobModel
-
-__all__ = ["POLICIES", "Controller", "Decision", "JobModel", "Snapshot", "Solution",
-           "make_policy", "solve"]

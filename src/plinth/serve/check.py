@@ -11,10 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from plinth.core.errors import SpecError
-from plinth.serve.model import _first_line, forward_fn, load_model, parse_shape, try_example
 
 CHECK_TIMEOUT_S = 120.0  # loading a model and running one example, in check_model
 TUNED_CHECK_TIMEOUT_S = 300.0  # the same, with TVM's import and build of a tuned model
@@ -33,7 +30,10 @@ Tuned = tuple[str, str, float]  # a Service's tuned model: (database, target, re
 def check_model_here(ref: str, input_shape: tuple[int, ...] | list[int], slo_ms: float,
                      workdir: str | None = None, tuned: Tuned | None = None) -> float:
     """`check_model` in this process: it imports and runs the user's code here."""
+    import torch  # here: `check_model`, which `plinth submit` runs, never imports torch
+
     from plinth.serve.batching import time_forward
+    from plinth.serve.model import forward_fn, load_model, try_example
 
     shape = _shape(input_shape)
     if tuned is None:
@@ -105,6 +105,8 @@ def check_model(ref: str, input_shape: tuple[int, ...] | list[int], slo_ms: floa
 
 def _check_main(argv: list[str]) -> None:
     """The child of `check_model`: one JSON line, the latency or the error."""
+    from plinth.serve.model import _first_line, parse_shape
+
     ap = argparse.ArgumentParser(prog="python -m plinth.serve.check")
     ap.add_argument("ref")
     ap.add_argument("input_shape")

@@ -1,16 +1,19 @@
-"""Tables and plots of simulation results."""
+"""Tables and plots of simulation results. The plots import numpy and matplotlib when they are
+drawn, so that `plinth sim --help` imports neither."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from plinth.sim.engine import SimResult
-from plinth.sim.metrics import jct_values
+if TYPE_CHECKING:
+    import numpy as np
+
+    from plinth.sim.engine import SimResult
 
 COLUMNS = [  # (key, header, format)
     ("policy", "policy", "{}"),
@@ -64,6 +67,9 @@ def write_json(rows: list[dict], path: str | Path) -> None:
 def plot(results: list[SimResult], out_dir: str | Path, name: str = "sim") -> list[Path]:
     """Write a JCT CDF and a utilisation-over-time plot; return their paths."""
     import matplotlib
+    import numpy as np
+
+    from plinth.sim.metrics import jct_values
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -106,6 +112,8 @@ def plot(results: list[SimResult], out_dir: str | Path, name: str = "sim") -> li
 def _downsample(t: np.ndarray, v: np.ndarray, points: int) -> tuple[np.ndarray, np.ndarray]:
     """The step function (value v[i] from t[i] on) averaged over equal time bins, so that a
     long replay still plots quickly and an interval that spans bins counts in each of them."""
+    import numpy as np
+
     if t.size < 2 or t[-1] <= t[0]:
         return t, v
     area = np.concatenate(([0.0], np.cumsum(v[:-1] * np.diff(t))))  # integral up to t[i]

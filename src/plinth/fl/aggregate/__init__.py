@@ -1,5 +1,3 @@
-"""Aggregation: the streaming engine and the LIFL-style aggregator hierarchy."""
-
-from plinth.fl.aggregate.engine import StreamingAggregator, UpdateRejected, weighted_mean
-
-__all__ = ["StreamingAggregator", "UpdateRejected", "weighted_mean"]
+"""Aggregation: the streaming engine (`engine`, compiled with numba) and the LIFL-style
+aggregator hierarchy. Import the module you need: this package imports nothing, so that an FL
+spec is read without numba."""
