@@ -15,13 +15,12 @@ Units may run on any host. The tracker and each server bind their own node's add
 report the address they bound (`plinth.tune.reports`); the controller keeps it in the task's
 status (`addresses`, with the job attempt that bound it: an address is current only while that
 attempt runs) and passes the tracker's to the servers and clients on their command lines, so
-no address is chosen here. The servers start once the
-tracker has reported; a share's clients once one of its servers has (started earlier, a client
-would spend its trials timing out at the tracker, waiting for a server that is still queued).
-A tracker that ends or restarts takes its address with it: its servers, which could never reach
-the new one, are dropped and started again once it reports. Each client reports what
-it tuned when it is done (`results`); its records go to the task's database, `db`, which on
-several hosts is a folder every host mounts.
+no address is chosen here. The servers start once the tracker has reported; a share's clients
+once one of its servers has (started earlier, a client would spend its trials timing out at
+the tracker, waiting for a server that is still queued). A tracker that ends or restarts takes
+its address with it: its servers, which could never reach the new one, are dropped, and start
+again once it reports. Each client reports what it tuned when it is done (`results`); its
+records go to the task's database, `db`, which on several hosts is a folder every host mounts.
 
 Shares that do not fit the cluster together run one after another, as the scheduler places
 their servers. So that this cannot deadlock, the tracker reserves no CPU (it only routes

@@ -1,12 +1,12 @@
 """What a Tune task's units report to their controller (`plinth.tune.controller`), and how.
 
 The tracker and each server bind the address of the node they run on (PLINTH_NODE_ADDRESS, as
-the runtime gives it) and report the address they bound (`Bound`): the controller keeps it in
-the task's status, starts the servers once the tracker's is known, and a share's clients once
-one of its servers has reported. A client reports what it tuned once its shard is done
-(`Tuned`), so that the task's results reach the controller without it reading the tenant's
-database. A `Bound` names the job attempt that bound the address (from the environment the
-runtime gives every unit): an address is current only while that attempt runs. Reports go over the control plane's API with the unit's own credential
+the runtime gives it) and report the address they bound (`Bound`), with the job attempt that
+bound it (an address is current only while that attempt runs): the controller keeps it in the
+task's status, starts the servers once the tracker's is known, and a share's clients once one
+of its servers has reported. A client reports what it tuned once its shard is done (`Tuned`),
+so that the task's results reach the controller without it reading the tenant's database.
+Reports go over the control plane's API with the unit's own credential
 (`plinth.runtime.report`), never through files, so a unit may run on any host; the bodies are
 checked with these models at the API, and anything else gets a one-line error naming the field.
 """
@@ -38,7 +38,7 @@ class Bound(BaseModel):
 
     model_config = _BODY
     address: str = Field(max_length=300)
-    job: int = Field(ge=0)  # the unit's job and its attempt that bound it; 0 run by hand
+    job: int = Field(ge=0)  # the job, and its attempt, that bound it (0: run by hand)
     attempt: int = Field(ge=0)
 
     @field_validator("address")
@@ -67,9 +67,9 @@ class Tuned(BaseModel):
 
 def send(body: BaseModel, *, wait_s: float | None = None) -> Reporter | None:
     """Report `body` to the unit's controller, and print it (a unit run by hand has no
-    controller: its log says where it listens). A unit that lives on (a tracker, a server)
-    keeps the reporter it gets back, whose thread sends the report again until it gets through;
-    one that is about to exit passes `wait_s`, how long to wait for that."""
+    controller: its log says where it listens). The reporter's thread sends it again until it
+    gets through, while the unit lives on (a tracker, a server); a unit about to exit passes
+    `wait_s`, how long to wait for that. Returns the reporter (None off the platform)."""
     text = body.model_dump(mode="json", exclude_none=True)
     print(json.dumps(text), flush=True)
     reporter = Reporter.from_env()
