@@ -73,7 +73,7 @@ def test_each_worker_runs_where_the_scheduler_put_it_with_its_gpus(rt, tmp_path)
     ids = {n["Labels"]["plinth-node"]: n["NodeID"] for n in ray.nodes() if n["Alive"]}
     table = ray.util.placement_group_table(ray.util.get_placement_group("plinth-j7301-a1"))
     assert table["bundles_to_node_id"] == {0: ids[WORKER.name], 1: ids[HEAD.name]}
-    assert table["bundles"] == {0: {"CPU": 0.01, "GPU": 1.0}, 1: {"CPU": 0.01, "GPU": 2.0}}
+    assert table["bundles"] == {0: {"GPU": 1.0}, 1: {"GPU": 2.0}}  # no CPU asked, none held
     assert [p.exit_file for p in h.procs] == ["ray:plinth-j7301-a1-r0", "ray:plinth-j7301-a1-r1"]
     assert end_of(rt, 7301).exit_code == 0
     log = (tmp_path / "job7301.log").read_text()  # copied from each worker's node
@@ -83,6 +83,16 @@ def test_each_worker_runs_where_the_scheduler_put_it_with_its_gpus(rt, tmp_path)
              .get("state") == "REMOVED", "the placement group to be removed")
     with pytest.raises(ValueError):
         ray.get_actor("plinth-j7301-a1-r0", namespace="plinth")
+
+
+def test_a_worker_that_asks_for_no_cpu_runs_on_a_node_whose_cpus_are_all_taken(rt, tmp_path):
+    """As the scheduler counts it: a unit that reserves no CPU (a Tune tracker) fits there."""
+    launch(rt, tmp_path, 7310, sh("sleep 600"),
+           [WorkerLaunch(0, WORKER.name, cpus_milli=WORKER.cpus * 1000)])
+    launch(rt, tmp_path, 7311, sh("echo ran"), [WorkerLaunch(0, WORKER.name, memory_mib=64)])
+    ev = end_of(rt, 7311)
+    assert (ev.kind, ev.exit_code) == (EventKind.EXITED, 0), ev
+    assert "ran\n" in (tmp_path / "job7311.log").read_text()
 
 
 @pytest.mark.slow

@@ -64,6 +64,7 @@ def test_tiny_task_tunes_at_each_share_and_survives_a_dead_server(tmp_path):
         before = _lines(records)
         killed = _kill_unit(platform.home, wid, "server-share-2-0") if waiter.is_alive() else 0
         waiter.join()
+        status = platform.status(wid)
     finally:
         platform.close()
     out = result["out"]
@@ -73,6 +74,12 @@ def test_tiny_task_tunes_at_each_share_and_survives_a_dead_server(tmp_path):
     assert {"tracker", "server-share-1-0", "client-share-1-0"} <= set(out.units)
     assert all(js[-1]["state"] in ("succeeded", "cancelled") for js in out.units.values())
     assert _lines(records) >= before >= 1
+    # Where the tracker and servers listened, and what the clients tuned, came as reports.
+    assert {u: a["address"].split(":")[0] for u, a in status["addresses"].items()} == {
+        u: "127.0.0.1" for u in ("tracker", "server-share-1-0", "server-share-2-0")}
+    assert status["addresses"]["server-share-2-0"]["attempt"] == 2  # from its restart
+    assert set(status["results"]) == {"client-share-1-0", "client-share-2-0"}
+    assert all(r["tasks"] == 1 and r["records"] >= 1 for r in status["results"].values())
 
     tuned = {(e.model, e.share): e for e in listing(db)}
     key = model_key(MODEL, SHAPE)

@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
+import zlib
 from pathlib import Path
 
 import pytest
 
-from plinth.core.kinds import (Capacity, LocalContext, Observed, Workload, WorkloadState,
-                               reconcile)
 from plinth.core.errors import SpecError
+from plinth.core.kinds import Capacity, LocalContext, Observed, Workload, WorkloadState, reconcile
 from plinth.core.lifecycle import State
 from plinth.tune.controller import TuneController
 from plinth.tune.db import model_key
 from plinth.tune.model import Task
 from plinth.tune.plan import budget, parse_shard, shard, share_key
+from plinth.tune.reports import Bound, Tuned
 from plinth.tune.spec import TuneSpec
+
+CTX = LocalContext(Path("/nonexistent"))
+TRACKER = "10.0.0.1:9190"
 
 
 def _spec(**kw) -> TuneSpec:
@@ -31,12 +35,24 @@ def _w(spec: TuneSpec) -> Workload:
 
 
 def _obs(names, state=State.RUNNING):
-    return {n: Observed(n, i + 1, state) for i, n in enumerate(names)}
+    """Each unit with a job of its own (the same id for the same name), in its first attempt."""
+    return {n: Observed(n, zlib.crc32(n.encode()), state, attempt=1) for n in names}
+
+
+def _bound(ctl, w, observed, unit, address) -> bool:
+    """`unit` reports the address it bound, from the attempt of its job that `observed` has."""
+    o = observed[unit]
+    return ctl.report(w, unit, Bound(address=address, job=o.job_id, attempt=o.attempt), CTX)
 
 
 def _started(ctl, w):
-    """Every unit running: the servers first, then the clients they let start."""
+    """Every unit running: the tracker first, which reports its address; then the servers it
+    lets start, which report theirs; then the clients they let start."""
     observed = _obs([u.name for u in ctl.units(w, {}, 0.0)])
+    _bound(ctl, w, observed, "tracker", TRACKER)
+    observed = _obs([u.name for u in ctl.units(w, observed, 0.0)])
+    for i, n in enumerate(n for n in observed if n.startswith("server-")):
+        _bound(ctl, w, observed, n, f"10.0.1.{i}:9000")
     return _obs([u.name for u in ctl.units(w, observed, 0.0)])
 
 
@@ -53,16 +69,37 @@ def test_units_are_tracker_servers_and_clients_per_share():
     assert "--key" in server.command and "share-2" in server.command
     client = units["client-share-1-1"]
     assert client.command[client.command.index("--shard") + 1] == "1/2"
+    for unit in (server, client):  # the address the tracker reported, from its own node
+        assert unit.command[unit.command.index("--tracker") + 1] == TRACKER
 
 
-def test_clients_start_once_a_server_of_their_share_runs_and_keep_it_replaced():
+def test_nothing_but_the_tracker_starts_before_it_reports_where_it_listens():
     ctl, w = TuneController(), _w(_spec())
-    first = [u.name for u in ctl.units(w, {}, 0.0)]
+    assert [u.name for u in ctl.units(w, {}, 0.0)] == ["tracker"]
+    observed = _obs(["tracker"], State.PENDING)
+    assert [u.name for u in ctl.units(w, observed, 1.0)] == ["tracker"]
+    observed = _obs(["tracker"])
+    assert [u.name for u in ctl.units(w, observed, 1.0)] == ["tracker"]  # runs, not bound yet
+    assert _bound(ctl, w, observed, "tracker", TRACKER)
+    assert not _bound(ctl, w, observed, "tracker", TRACKER)  # the same again changes nothing
+    assert w.status["addresses"]["tracker"]["address"] == TRACKER
+    names = [u.name for u in ctl.units(w, observed, 2.0)]
+    assert names[0] == "tracker" and sorted(names[1:]) == sorted(
+        f"server-share-{s}-{j}" for s in (1, 2) for j in (0, 1))
+
+
+def test_clients_start_once_a_server_of_their_share_reports_and_keep_it_replaced():
+    ctl, w = TuneController(), _w(_spec())
+    tracker = _obs(["tracker"])
+    _bound(ctl, w, tracker, "tracker", TRACKER)
+    first = [u.name for u in ctl.units(w, tracker, 0.0)]
     assert first[0] == "tracker" and not any(n.startswith("client") for n in first)
     # share 1's servers placed, share 2's still queued (the machine is full): only share 1's
     # clients start, so that share 2's do not spend their trials waiting at the tracker
-    observed = _obs(first, State.PENDING)
-    observed["server-share-1-1"] = Observed("server-share-1-1", 3, State.RUNNING)
+    observed = {**_obs(first, State.PENDING), **tracker}
+    observed["server-share-1-1"] = Observed("server-share-1-1", 3, State.RUNNING, attempt=1)
+    assert not any(u.name.startswith("client") for u in ctl.units(w, observed, 1.0))
+    _bound(ctl, w, observed, "server-share-1-1", "10.0.0.2:9091")  # it listens
     names = [u.name for u in ctl.units(w, observed, 1.0)]
     assert {n for n in names if n.startswith("client")} == {"client-share-1-0",
                                                             "client-share-1-1"}
@@ -80,19 +117,21 @@ def test_a_share_of_the_whole_machine_fits_beside_the_tracker():
     # A 2-core machine tuning at 1 and 2 cores: share 2's server (2 CPUs) waits for share 1's
     # to go, while the tracker lives until share 2's clients are done. Were the tracker to
     # hold any CPU, share 2 could never be placed.
-    units = {u.name: u.spec for u in TuneController().units(_w(_spec()), {}, 0.0)}
+    ctl, w = TuneController(), _w(_spec())
+    units = {u.name: u.spec for u in ctl.units(w, _started(ctl, w), 0.0)}
     assert units["tracker"].resources.cpus + units["server-share-2-0"].resources.cpus <= 2
 
 
 def test_gpu_servers_ask_for_a_fraction():
-    units = TuneController().units(_w(_spec(target="cuda", shares=[25, 50])), {}, 0.0)
+    ctl, w = TuneController(), _w(_spec(target="cuda", shares=[25, 50]))
+    units = ctl.units(w, _started(ctl, w), 0.0)
     server = next(u for u in units if u.name == "server-share-25-0").spec
     assert server.resources.gpu_fraction == 0.25 and "--threads" not in server.command
 
 
 def _end(w, observed, name, state):
-    observed[name] = Observed(name, observed[name].job_id, state)
-    TuneController().unit_ended(w, name, LocalContext(Path("/nonexistent")))
+    observed[name] = Observed(name, observed[name].job_id, state, attempt=1)
+    TuneController().unit_ended(w, name, CTX)
 
 
 def test_servers_go_when_their_share_is_done_and_the_tracker_last():
@@ -119,6 +158,60 @@ def test_a_dead_server_is_replaced_while_its_share_tunes():
     observed["server-share-1-0"] = Observed("server-share-1-0", 1, State.FAILED)
     add, drop = reconcile(ctl.units(w, observed, 1.0), observed)
     assert [u.name for u in add] == ["server-share-1-0"] and drop == []
+
+
+def test_a_tracker_that_ends_takes_its_address_and_its_servers_with_it():
+    ctl, w = TuneController(), _w(_spec(servers=1, clients=1))
+    observed = _started(ctl, w)
+    servers = sorted(observed[f"server-share-{s}-0"].job_id for s in (1, 2))
+    _end(w, observed, "tracker", State.FAILED)
+    add, drop = reconcile(ctl.units(w, observed, 1.0), observed)
+    # its replacement starts; the servers, which could not reach it, go; the clients that run
+    # are left to end
+    assert [u.name for u in add] == ["tracker"] and sorted(drop) == servers
+    observed["tracker"] = Observed("tracker", 50, State.RUNNING, attempt=1)
+    for s in (1, 2):
+        _end(w, observed, f"server-share-{s}-0", State.CANCELLED)
+    assert [u.name for u in ctl.units(w, observed, 2.0)] == [
+        "tracker", "client-share-1-0", "client-share-2-0"]
+    _bound(ctl, w, observed, "tracker", "10.0.0.3:9190")  # the new one: servers start again
+    add, _ = reconcile(ctl.units(w, observed, 3.0), observed)
+    assert [(u.name, u.spec.command[u.spec.command.index("--tracker") + 1]) for u in add] == [
+        ("server-share-1-0", "10.0.0.3:9190"), ("server-share-2-0", "10.0.0.3:9190")]
+
+
+def test_a_tracker_that_restarts_in_its_job_is_not_current_until_it_reports_again():
+    ctl, w = TuneController(), _w(_spec(servers=1, clients=1))
+    observed = _started(ctl, w)
+    job = observed["tracker"].job_id
+    observed["tracker"] = Observed("tracker", job, State.PENDING, attempt=1)  # requeued
+    assert [u.name for u in ctl.units(w, observed, 1.0)] == [
+        "tracker", "client-share-1-0", "client-share-2-0"]
+    observed["tracker"] = Observed("tracker", job, State.RUNNING, attempt=2)
+    assert not any(u.name.startswith("server") for u in ctl.units(w, observed, 2.0))
+    _bound(ctl, w, observed, "tracker", "10.0.0.4:9190")
+    assert w.status["addresses"]["tracker"] == {"address": "10.0.0.4:9190", "job": job,
+                                                "attempt": 2}
+    assert sum(u.name.startswith("server") for u in ctl.units(w, observed, 3.0)) == 2
+
+
+def test_what_units_report_and_what_the_controller_keeps():
+    ctl, w = TuneController(), _w(_spec())
+    assert ctl.report_model(w, "tracker") is Bound
+    assert ctl.report_model(w, "server-share-2-1") is Bound
+    assert ctl.report_model(w, "client-share-1-0") is Tuned
+    assert ctl.report_model(w, "server-share-3-0") is None  # no such share
+    assert ctl.report(w, "client-share-1-0", Tuned(tasks=1, trials=4, records=3, seconds=9.5),
+                      CTX)
+    assert w.status["results"] == {"client-share-1-0": {"tasks": 1, "trials": 4, "records": 3,
+                                                        "seconds": 9.5}}
+
+
+@pytest.mark.parametrize("address", ["nowhere", "10.0.0.1:0", "10.0.0.1:99999", ":9190"])
+def test_an_address_that_is_not_host_port_is_refused(address):
+    with pytest.raises(ValueError, match="address") as e:
+        Bound.model_validate({"address": address, "job": 1, "attempt": 1})
+    assert "HOST:PORT" in str(e.value)
 
 
 def test_check_refuses_shares_the_cluster_cannot_hold(tmp_path):

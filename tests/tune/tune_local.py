@@ -1,17 +1,24 @@
 """A Tune spec run through the control plane in this process, for the tests and benchmarks.
 
-`LocalPlatform(home)` is what `plinth up` runs, without its HTTP API: a `ControlPlane` with its
-scheduler loop on a `LocalRuntime`, its state in `home`. A Tune workload submitted to it is
-reconciled by `plinth.control.workloads` (the one loop), its units placed by the scheduler and
-started by the runtime, as any workload's.
+`LocalPlatform(home)` is what `plinth up` runs: a `ControlPlane` with its scheduler loop on a
+`LocalRuntime`, its state in `home`, and its HTTP API on 127.0.0.1 (served on a thread), where
+the units report (the addresses the tracker and servers listen on, what the clients tuned). A
+Tune workload submitted to it is reconciled by `plinth.control.workloads` (the one loop), its
+units placed by the scheduler and started by the runtime, as any workload's.
 """
 
 from __future__ import annotations
 
+import socket
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import uvicorn
+
+from plinth.control.api import create_app
+from plinth.control.auth import Auth
 from plinth.control.service import ControlPlane
 from plinth.control.store import Store
 from plinth.runtime.local import LocalRuntime
@@ -48,10 +55,25 @@ class LocalPlatform:
         self.cp = ControlPlane(self.store, runtime, home=self.home,
                                config=SchedConfig(min_runtime=0.0), grace_s=2.0)
         holder.append(self.cp)
+        # The API, bound before the control plane starts: units report to it at once.
+        self._sock = socket.socket()
+        self._sock.bind(("127.0.0.1", 0))
+        self._sock.listen(64)
+        self.cp.api_url = f"http://127.0.0.1:{self._sock.getsockname()[1]}"
+        self._http = uvicorn.Server(uvicorn.Config(create_app(self.cp, Auth(self.store)),
+                                                   log_level="warning", access_log=False,
+                                                   lifespan="off"))
+        self._served = threading.Thread(target=self._http.run,
+                                        kwargs={"sockets": [self._sock]}, daemon=True)
+        self._served.start()
         self.cp.start()
 
     def submit(self, spec: TuneSpec) -> int:
         return self.cp.workloads.submit(spec, TENANT).id
+
+    def status(self, workload_id: int) -> dict:
+        """What the workload's controller keeps (what its units reported)."""
+        return self.workload(workload_id)["status"]
 
     def workload(self, workload_id: int) -> dict:
         (row,) = [r for r in self.store.workloads() if r["id"] == workload_id]
@@ -81,6 +103,9 @@ class LocalPlatform:
         from plinth.cli.quickstart import kill_jobs
 
         self.cp.close()
+        self._http.should_exit = True
+        self._served.join(30)
+        self._sock.close()
         kill_jobs(self.home)  # jobs outlive a control plane by design; a test's must not
 
 

@@ -203,13 +203,14 @@ class Workloads:
     def observed(self, w: Workload) -> dict[str, Observed]:
         out = {}
         for unit, job_id in self.unit_jobs.get(w.id, {}).items():
-            state, node = self.ended_jobs.get(job_id), None
+            state, node, attempt = self.ended_jobs.get(job_id), None, 0
             if state is None:
                 js = self.cp.owner.jobs.get(job_id)
                 state = js.status if js is not None else State.PENDING  # held, or incoming
                 if js is not None and js.allocation is not None and js.allocation.slots:
                     node = self.cp.cluster.nodes[js.allocation.slots[0].node].name
-            out[unit] = Observed(unit, job_id, state, node)
+                attempt = js.attempt if js is not None else 0
+            out[unit] = Observed(unit, job_id, state, node, attempt)
         return out
 
     def reconcile(self, w: Workload, now: float) -> None:

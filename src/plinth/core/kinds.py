@@ -115,6 +115,7 @@ class Observed:
     job_id: int
     state: State
     node: str | None = None  # where its job runs, once it is placed
+    attempt: int = 0  # its job's attempt: 1 once it first runs, one more each time it restarts
 
 
 @dataclass(slots=True)

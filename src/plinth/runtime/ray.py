@@ -67,7 +67,7 @@ NAME_LABEL = "plinth-node"  # a node's name for the scheduler, if set (else ray-
 RACK_LABEL = "rack"  # a node's rack: this label, or a custom resource "rack:NAME"
 RACK_RESOURCE = "rack:"
 ACCEL_RESOURCE = "accelerator_type:"  # Ray's GPU model resource, e.g. accelerator_type:A100
-# Every bundle reserves at least this much CPU: Ray refuses an empty bundle.
+# A bundle that would reserve nothing reserves this much CPU: Ray refuses an empty bundle.
 MIN_BUNDLE_CPU = 0.01
 # A ProcRef's exit_file names the worker's actor: "ray:plinth-j7-a1-r0".
 ACTOR_REF = "ray:"
@@ -189,7 +189,7 @@ class RayRuntime(EventQueue):
                 actors.append(self._actor_cls.options(
                     name=actor_name(spec.job_id, spec.attempt, w.rank),
                     namespace=self.namespace, lifetime="detached", max_restarts=0,
-                    max_concurrency=4, num_cpus=b["CPU"], num_gpus=b.get("GPU", 0),
+                    max_concurrency=4, num_cpus=b.get("CPU", 0), num_gpus=b.get("GPU", 0),
                     memory=b.get("memory"),
                     scheduling_strategy=strategy(placement_group=pg,
                                                  placement_group_bundle_index=i),
@@ -323,10 +323,14 @@ class RayRuntime(EventQueue):
     # ----------------------------------------------------------------- nodes and launching
 
     def _read_nodes(self) -> dict[str, RayNode]:
+        """The live Ray nodes that offer CPUs or GPUs: one that offers neither (a head node
+        kept for the cluster's own services, `ray start --head --num-cpus 0 --num-gpus 0`) is
+        no place for work, not even for a unit that asks for no CPU."""
         alive = [n for n in self.ray.nodes() if n.get("Alive")]
         with self._lock:
             self._suspects &= {n["NodeID"] for n in alive}  # Ray has declared the rest dead
-        nodes = [ray_node(n) for n in alive if not self._gone(n)]
+        nodes = [r for r in (ray_node(n) for n in alive if not self._gone(n))
+                 if r.node.cpus_milli or r.node.num_gpus]
         return {n.node.name: n for n in sorted(nodes, key=lambda n: n.node.name)}
 
     def _gone(self, n: dict) -> bool:
@@ -505,13 +509,17 @@ def ray_node(n: dict) -> RayNode:
 
 def _bundle(gpus: tuple[int, ...], gpu_milli: int, cpus_milli: int, memory_mib: int
             ) -> dict[str, float]:
-    """What Ray reserves for one worker: its GPUs (a fraction for a share), CPUs, memory."""
-    b: dict[str, float] = {"CPU": max(cpus_milli / MILLI, MIN_BUNDLE_CPU)}
+    """What Ray reserves for one worker: its GPUs (a fraction for a share), CPUs, memory. A
+    worker that asks for no CPU reserves none (as the scheduler counted it: on a node whose
+    CPUs are all taken, any CPU would not be there), unless it asks for nothing at all."""
+    b: dict[str, float] = {}
+    if cpus_milli:
+        b["CPU"] = cpus_milli / MILLI
     if gpus:
         b["GPU"] = len(gpus) * gpu_milli / MILLI
     if memory_mib:
         b["memory"] = float(memory_mib * MIB)
-    return b
+    return b or {"CPU": MIN_BUNDLE_CPU}
 
 
 def _end_actors(ray, actors: list) -> None:

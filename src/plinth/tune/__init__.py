@@ -4,6 +4,7 @@ across tuning clients.
 
 - `spec`: the `kind: Tune` spec; `controller`: its runtime units (tracker, servers, clients);
 - `tracker`, `server`, `client`: the units' entry points (`python -m plinth.tune.<unit>`);
+  `reports`: what they report to the controller (where they listen, what they tuned);
 - `db`: the tuning database keyed by (model, target, share); `build`: a model built with the
   records of the nearest share; `plan`: pure sharding; `model`, `target`: TVM glue.
 """

@@ -2,7 +2,8 @@
 
 It extracts the model's tasks (every client gets the same list), keeps its shard, and tunes it
 with MetaSchedule: search and builds here, measurements on the share's servers through the RPC
-runner. Records go to its own JSON database as they are measured (see `plinth.tune.db`).
+runner. Records go to its own JSON database as they are measured (see `plinth.tune.db`); when its
+shard is done, it reports what it tuned to its controller (`plinth.tune.reports.Tuned`).
 """
 
 from __future__ import annotations
@@ -12,9 +13,9 @@ import os
 import time
 from pathlib import Path
 
-from plinth.tune.db import shard_dir, write_meta
+from plinth.tune.db import TunedRecords, shard_dir, write_meta
 from plinth.tune.plan import budget, parse_shard, shard, share_key
-from plinth.tune.tracker import wait_for_tracker
+from plinth.tune.reports import REPORT_WAIT_S, Tuned, host_port, send
 
 BUILD_TIMEOUT_S = 120.0  # per candidate; a loaded 2-core machine compiles slowly
 SESSION_TIMEOUT_S = 120  # per measurement, upload and queueing for a server included
@@ -38,7 +39,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--builder", choices=("local", "inline"), default="local",
                    help="local: MetaSchedule's pool of build processes; inline: in this one")
     p.add_argument("--db", required=True, type=Path)
-    p.add_argument("--tracker-file", required=True, type=Path)
+    p.add_argument("--tracker", required=True, type=host_port, help="the tracker's HOST:PORT")
     return p.parse_args(argv)
 
 
@@ -66,7 +67,7 @@ def main(argv: list[str] | None = None) -> None:
             "share": args.share, "shard": [index, count], "seed": args.seed,
             "tasks": [tasks[i].task_name for i in mine], "trials": trials}
     if mine:
-        host, port = wait_for_tracker(args.tracker_file)
+        host, port = args.tracker
         cores = len(os.sched_getaffinity(0))
         contexts, weights = ms.relax_integration.extracted_tasks_to_tune_contexts(
             [tasks[i] for i in mine], str(out), num_threads=cores,
@@ -86,6 +87,9 @@ def main(argv: list[str] | None = None) -> None:
         meta["tune_seconds"] = time.monotonic() - tuned
     meta["seconds"] = time.monotonic() - started
     write_meta(out, meta)
+    send(Tuned(tasks=len(mine), trials=trials, records=TunedRecords(args.share, (out,)).count(),
+               seconds=meta["seconds"], tune_seconds=meta.get("tune_seconds")),
+         wait_s=REPORT_WAIT_S)
 
 
 if __name__ == "__main__":

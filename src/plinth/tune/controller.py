@@ -9,15 +9,23 @@ MetaSchedule's RPC runner on the servers of its share. A server asks for its sha
 fraction with an MPS thread percentage, on a CPU `share` cores (the runtime's CPU limits pin
 it; the server runs `share` threads). A client that succeeds is done (one that fails runs
 again, `CLIENT_TRIES` in all); a server that dies is replaced. The servers of a share are
-dropped once all its clients are done, and the tracker once every client is. The tracker writes
-its address to a file in the database folder, so that no port is chosen here.
+dropped once all its clients are done, and the tracker once every client is.
+
+Units may run on any host. The tracker and each server bind their own node's address and
+report the address they bound (`plinth.tune.reports`); the controller keeps it in the task's
+status (`addresses`, with the job attempt that bound it: an address is current only while that
+attempt runs) and passes the tracker's to the servers and clients on their command lines, so
+no address is chosen here. The servers start once the tracker has reported; a share's clients
+once one of its servers has (started earlier, a client would spend its trials timing out at
+the tracker, waiting for a server that is still queued). A tracker that ends or restarts takes
+its address with it: its servers, which could never reach the new one, are dropped, and start
+again once it reports. Each client reports what it tuned when it is done (`results`); its
+records go to the task's database, `db`, which on several hosts is a folder every host mounts.
 
 Shares that do not fit the cluster together run one after another, as the scheduler places
 their servers. So that this cannot deadlock, the tracker reserves no CPU (it only routes
 requests: with 0.1 CPU held, a share of the whole machine could never be placed while the
-tracker lives, and the tracker lives until that share's clients are done), and a share's
-clients start only once one of its servers runs (started earlier, a client would spend its
-trials timing out at the tracker, waiting for a server that is still queued).
+tracker lives, and the tracker lives until that share's clients are done).
 
 Pure: the same workload and observed units give the same units.
 """
@@ -26,25 +34,22 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Mapping
-from pathlib import Path
 
-from plinth.core.kinds import BaseController, Context, Observed, Unit, Workload, WorkloadState
-from plinth.core.jobspec import JobSpec, Resources
+from pydantic import BaseModel
+
 from plinth.core.errors import SpecError
-from plinth.core.spec import TRUSTED
+from plinth.core.jobspec import JobSpec, Resources
+from plinth.core.kinds import BaseController, Context, Observed, Unit, Workload, WorkloadState
 from plinth.core.lifecycle import State
+from plinth.core.spec import TRUSTED
 from plinth.tune.plan import share_key
+from plinth.tune.reports import Bound, Tuned
 from plinth.tune.spec import TuneSpec
 
 # The interpreter that has Plinth installed: the units run Plinth's own entry points.
 PYTHON = sys.executable
 CLIENT_TRIES = 2  # a client that fails is started again once; its finished records stay
 TRACKER_MIB = 1024  # TVM imported: 256 MiB of RLIMIT_DATA leaves no room for a thread
-
-
-def tracker_file(spec: TuneSpec) -> str:
-    """Where the tracker of a task writes its address ({"host", "port"})."""
-    return str(Path(spec.db) / ".run" / spec.name / "tracker.json")
 
 
 def unit_names(spec: TuneSpec) -> dict[float, tuple[list[str], list[str]]]:
@@ -55,8 +60,9 @@ def unit_names(spec: TuneSpec) -> dict[float, tuple[list[str], list[str]]]:
 
 
 class TuneController(BaseController):
-    """Units of Tune workloads (`plinth.core.kinds.Controller`); its record in `w.status`
-    is each client's failure count."""
+    """Units of Tune workloads (`plinth.core.kinds.Controller`); its record in `w.status`:
+    each client's ended jobs (`ended`), the addresses the tracker and servers reported
+    (`addresses`) and what each client tuned (`results`)."""
 
     kind = "Tune"
 
@@ -82,18 +88,43 @@ class TuneController(BaseController):
 
     def units(self, w: Workload, observed: Mapping[str, Observed], now: float) -> list[Unit]:
         spec = _spec(w)
+        tracker = _address(w, observed, "tracker")  # None until the running tracker reports
+        # A client that runs keeps the tracker it was started with (should that one be gone,
+        # the client fails its measurements until it ends); a new one gets the running one.
+        last = w.status.get("addresses", {}).get("tracker", {}).get("address")
         out: list[Unit] = []
         for share, (servers, clients) in unit_names(spec).items():
             left = [c for c in clients if not _done(w, observed, c)]
-            if left:  # a server that died is replaced: it lost only its in-flight trials
-                out += [Unit(n, server_job(spec, share, n)) for n in servers]
-            serving = any(n in observed and observed[n].state is State.RUNNING
-                          for n in servers)
-            out += [Unit(n, client_job(spec, share, clients.index(n), n)) for n in left
-                    if serving or _live(observed, n)]
-        if out:
-            out.insert(0, Unit("tracker", tracker_job(spec)))
-        return out
+            if not left:
+                continue
+            if tracker is not None:  # a server that died is replaced: it lost only its
+                out += [Unit(n, server_job(spec, share, n, tracker)) for n in servers]  # trials
+            serving = tracker is not None and any(_address(w, observed, n) for n in servers)
+            out += [Unit(n, client_job(spec, share, clients.index(n), n, tracker or last))
+                    for n in left if serving or (_live(observed, n) and last)]
+        left_any = any(not _done(w, observed, c) for _, cs in unit_names(spec).values()
+                       for c in cs)
+        return [Unit("tracker", tracker_job(spec))] + out if left_any else []
+
+    def report_model(self, w: Workload, unit: str) -> type[BaseModel] | None:
+        names = unit_names(_spec(w)).values()
+        if unit == "tracker" or any(unit in servers for servers, _ in names):
+            return Bound
+        return Tuned if any(unit in clients for _, clients in names) else None
+
+    def report(self, w: Workload, unit: str, body: BaseModel, ctx: Context) -> bool:
+        """The address a tracker or server bound (and which job attempt bound it), or what a
+        client tuned."""
+        if isinstance(body, Bound):
+            at = body.model_dump()
+            if w.status.get("addresses", {}).get(unit) == at:
+                return False
+            w.status.setdefault("addresses", {})[unit] = at
+            return True
+        if isinstance(body, Tuned):
+            w.status.setdefault("results", {})[unit] = body.model_dump(exclude_none=True)
+            return True
+        return False
 
     def finished(self, w: Workload, observed: Mapping[str, Observed]) -> WorkloadState | None:
         """succeeded when every client has, failed when one has given up, else None."""
@@ -124,6 +155,17 @@ def _live(observed: Mapping[str, Observed], unit: str) -> bool:
     return unit in observed and not observed[unit].state.terminal
 
 
+def _address(w: Workload, observed: Mapping[str, Observed], unit: str) -> str | None:
+    """The address `unit` listens on, if the attempt of its job that runs now has reported it
+    (what an attempt that has ended reported is gone with it)."""
+    at = w.status.get("addresses", {}).get(unit)
+    o = observed.get(unit)
+    if at is None or o is None or o.state is not State.RUNNING or \
+            (o.job_id, o.attempt) != (at["job"], at["attempt"]):
+        return None
+    return str(at["address"])
+
+
 def _job(spec: TuneSpec, unit: str, command: list[str], resources: Resources) -> JobSpec:
     return JobSpec(name=f"{spec.name}-{unit}"[:63], tenant=spec.tenant, command=command,
                    resources=resources, priority=spec.priority,
@@ -137,14 +179,12 @@ def no_cpu(memory_mib: int) -> Resources:
 
 
 def tracker_job(spec: TuneSpec) -> JobSpec:
-    return _job(spec, "tracker",
-                [PYTHON, "-m", "plinth.tune.tracker", "--addr-file", tracker_file(spec)],
+    return _job(spec, "tracker", [PYTHON, "-m", "plinth.tune.tracker"],
                 no_cpu(TRACKER_MIB))  # no CPU: see the module's docstring
 
 
-def server_job(spec: TuneSpec, share: float, name: str) -> JobSpec:
-    cmd = [PYTHON, "-m", "plinth.tune.server", "--tracker-file", tracker_file(spec),
-           "--key", share_key(share)]
+def server_job(spec: TuneSpec, share: float, name: str, tracker: str) -> JobSpec:
+    cmd = [PYTHON, "-m", "plinth.tune.server", "--tracker", tracker, "--key", share_key(share)]
     if spec.target == "cpu":
         res = Resources(cpus=share, memory=spec.memory)
         cmd += ["--threads", str(int(share))]
@@ -153,14 +193,14 @@ def server_job(spec: TuneSpec, share: float, name: str) -> JobSpec:
     return _job(spec, name, cmd, res)
 
 
-def client_job(spec: TuneSpec, share: float, index: int, name: str) -> JobSpec:
+def client_job(spec: TuneSpec, share: float, index: int, name: str, tracker: str) -> JobSpec:
     cmd = [PYTHON, "-m", "plinth.tune.client",
            "--model", spec.model, "--input-shape", ",".join(map(str, spec.input_shape)),
            "--target", spec.target, "--share", f"{share:g}",
            "--shard", f"{index}/{spec.clients}", "--servers", str(spec.servers),
            "--trials", str(spec.trials), "--trials-per-iter", str(spec.trials_per_iter),
            "--seed", str(spec.seed), "--builder", spec.builder, "--db", spec.db,
-           "--tracker-file", tracker_file(spec)]
+           "--tracker", tracker]
     # A client reserves no CPU of its own: its search and builds run between its server's
     # measurements, so a share can be a whole small machine (2 of 2 cores) and still be tuned.
     return _job(spec, name, cmd, no_cpu(spec.memory))

@@ -1,49 +1,21 @@
-"""`python -m plinth.tune.tracker --addr-file F`: the RPC tracker of one tuning task.
+"""`python -m plinth.tune.tracker`: the RPC tracker of one tuning task.
 
-It binds a free port, then writes {"host", "port"} to F (atomically), where the task's servers
-and clients read it (`wait_for_tracker`).
+It binds a port free on its own node, at the node's address (PLINTH_NODE_ADDRESS, or `--host`),
+and reports the address it bound to its controller (`plinth.tune.reports`), which hands it to
+the task's servers and clients (`--tracker HOST:PORT`).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import signal
-import socket
 import sys
-import time
-from pathlib import Path
 from typing import Any
 
-from plinth.core.net import free_port
+from plinth.core.net import advertised, free_port, node_address
+from plinth.tune.reports import Bound, send
 
 PORT_RANGE = 50  # ports tried from the free one up, should another process take it first
-
-
-def wait_for_tracker(path: str | Path, timeout_s: float = 300.0) -> tuple[str, int]:
-    """(host, port) of the tracker once its address file names one that answers (a file left
-    by an earlier run of the same task names a tracker that is gone)."""
-    deadline = time.monotonic() + timeout_s
-    path = Path(path)
-    while time.monotonic() < deadline:
-        if path.exists():
-            addr = json.loads(path.read_text())
-            host, port = str(addr["host"]), int(addr["port"])
-            try:
-                socket.create_connection((host, port), timeout=2).close()
-                return host, port
-            except OSError:
-                pass  # not up yet, or gone: wait for the tracker to write the file again
-        time.sleep(0.2)  # an entry point waiting on another process: no clock to inject
-    raise SystemExit(f"--tracker-file: no tracker answered at {path} in {timeout_s:g} s")
-
-
-def write_address(path: Path, host: str, port: int) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"host": host, "port": port, "pid": os.getpid()}))
-    tmp.replace(path)
 
 
 def serve(tvm_server: Any) -> None:
@@ -67,14 +39,15 @@ def serve(tvm_server: Any) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m plinth.tune.tracker", description=__doc__)
-    p.add_argument("--addr-file", required=True, type=Path)
-    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--host", default=None, help="the address to bind (default: this node's)")
     args = p.parse_args(argv)
+    host = args.host or node_address()
     from tvm.rpc.tracker import Tracker
 
-    port = free_port(args.host)
-    tracker = Tracker(args.host, port=port, port_end=port + PORT_RANGE, silent=True)
-    write_address(args.addr_file, args.host, tracker.port)
+    # TVM binds the first free port of a range (port 0 is not one it takes): one free here.
+    port = free_port(host)
+    tracker = Tracker(host, port=port, port_end=port + PORT_RANGE, silent=True)
+    send(Bound.here(advertised(host, tracker.port)))  # sent again until it gets through
     serve(tracker)
 
 
