@@ -25,7 +25,6 @@ from filelock import FileLock
 from replica_process import ReplicaProcess
 
 from plinth.core.errors import SpecError
-from plinth.core.net import free_port
 from plinth.core.spec import load_spec
 from plinth.serve.check import check_model
 from plinth.serve.replica import NPY
@@ -256,7 +255,7 @@ def test_a_tuned_service_through_plinth_submit_and_the_router(tuned_db, tmp_path
     path = tmp_path / "tuned.yaml"
     path.write_text(yaml.safe_dump(doc))
     name = doc["name"]
-    p = Platform(tmp_path / "home", "--serve-port", str(free_port()), "--serve-tick", "1")
+    p = Platform(tmp_path / "home", "--serve-tick", "1")
     p.start()
     try:
         out = run_cli(p, "submit", str(path))

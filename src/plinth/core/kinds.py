@@ -168,6 +168,11 @@ class Context(Protocol):
     def capacity(self) -> Capacity:
         ...
 
+    def fits(self, spec: JobSpec) -> None:
+        """Raise (one line naming why) if a job of `spec` could never run on this cluster: for
+        a unit a controller starts only later, checked in `check`."""
+        ...
+
     def files(self, w: Workload) -> Files:
         """The workload's handout folder (made on first use)."""
         ...
@@ -333,6 +338,11 @@ class LocalContext:
 
     def capacity(self) -> Capacity:
         return self.cap
+
+    def fits(self, spec: JobSpec) -> None:
+        if spec.resources.cpus > self.cap.cpus or spec.resources.gpus > self.cap.gpus:
+            raise SpecError(f"resources: {spec.name!r} asks for more than the capacity "
+                            f"({self.cap.cpus:g} CPUs, {self.cap.gpus} GPUs)")
 
     def files(self, w: Workload) -> FolderFiles:
         return FolderFiles(self.folder / "files" / f"workload-{w.id}")
