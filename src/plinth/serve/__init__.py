@@ -2,10 +2,9 @@
 
 Pure decision code: `latency` (queueing model), `utility` (relaxed utilities and objectives),
 `predict` (probabilistic forecasts), `solver` (cluster-wide replica allocation), `policies` (Faro and
-the baselines) and `controller` (the functional core of the control loop). Around it: `sim` replays
-traces in virtual time; `router` and `replica` are the processes of a service's units, and `workload` is
-the Service kind's controller.
-Importing this package loads neither torch nor the web stack; `router` and `replica` do.
+the baselines) and `controller` (the functional core of the control loop). Around it: `sim`
+replays traces in virtual time; `router` and `replica` are the processes of a service's units,
+and `workload` is the Service kind's controller. Importing this package loads neither torch nor the web stack; `router` and `replica` do.
 """
 
 from plinth.serve.controller import Controller
