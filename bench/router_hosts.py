@@ -42,12 +42,12 @@ from rich.table import Table
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "hosts"))
-from bed import skip_reason  # noqa: E402
-from cluster import PlinthBed  # noqa: E402
+from bed import skip_reason
+from cluster import PlinthBed
 
-from plinth.cli.quickstart import kill_jobs, start_server, stop_server  # noqa: E402
-from plinth.client import Client  # noqa: E402
-from plinth.core.net import free_port  # noqa: E402
+from plinth.cli.quickstart import kill_jobs, start_server, stop_server
+from plinth.client import Client
+from plinth.core.net import free_port
 
 LOAD = ROOT / "tests" / "hosts" / "load.py"
 SERVICE = {"kind": "Service", "name": "digits", "model": "tiny-cnn", "input_shape": [784],
@@ -169,13 +169,14 @@ def main() -> None:
     rows = [on_bed(args), on_one_host(args)]
     t = Table(title=f"a service through its router: {args.clients} clients, {args.seconds:g} s "
                     "a run")
-    for col in ("set-up", "requests/s", "p50 ms", "p99 ms", "kill -9: answered",
+    for col in ("set-up", "req/s", "p50 ms", "p99 ms", "kill -9 run: req/s", "p99 ms",
                 "failed", "plane down s"):
         t.add_column(col, justify="left" if col == "set-up" else "right")
     for r in rows:
         s, k = r["steady"], r["kill9"]
         t.add_row(r["where"], f"{s['rps']:.1f}", f"{s['p50_ms']:.1f}", f"{s['p99_ms']:.1f}",
-                  f"{k['ok']}", f"{k['failed']}", f"{k['plane_down_s']:.1f}")
+                  f"{k['rps']:.1f}", f"{k['p99_ms']:.1f}", f"{k['failed']}",
+                  f"{k['plane_down_s']:.1f}")
     Console().print(t)
     for r in rows:
         print(f"{r['where']}: router at {r['router']}" +
