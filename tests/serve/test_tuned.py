@@ -247,11 +247,12 @@ def test_replicas_serve_the_records_of_their_own_share(tuned_db) -> None:
 @pytest.mark.slow
 def test_a_tuned_service_through_plinth_submit_and_the_router(tuned_db, tmp_path) -> None:
     """`plinth submit` of examples/serve/tuned.yaml (its database and CPUs changed) on a real
-    `plinth up`: the scheduler places its replica (2 CPUs: share 2), which serves the share-2
-    records behind the router, and `plinth show` says so."""
+    `plinth up`: the scheduler places its replica (2 threads: share 2, on 1.5 CPUs, so that it
+    fits this 2-CPU machine beside its router's 0.5), which serves the share-2 records behind
+    the router, and `plinth show` says so."""
     doc = yaml.safe_load(EXAMPLE.read_text())
     doc |= {"tuned": {**doc["tuned"], "db": str(tuned_db)}, "max_replicas": 1,
-            "resources": {**doc["resources"], "cpus": 2}}
+            "resources": {**doc["resources"], "cpus": 1.5}, "env": {"OMP_NUM_THREADS": "2"}}
     path = tmp_path / "tuned.yaml"
     path.write_text(yaml.safe_dump(doc))
     name = doc["name"]
