@@ -1,7 +1,8 @@
 """Services as platform workloads, end to end on loopback: a real `plinth up`, the example
 service submitted with `plinth submit` next to a training job, load through its router (a unit
 of its own), the replica set growing and shrinking through the control plane, a replica killed,
-the control plane killed under load while the service goes on answering, and nothing lost."""
+the control plane killed under load while the service goes on answering, its router killed and
+replaced at a new address, and nothing lost."""
 
 from __future__ import annotations
 
@@ -24,11 +25,12 @@ EXAMPLE = Path(__file__).parents[2] / "examples" / "serve" / "service.yaml"
 IMAGE = json.dumps({"inputs": [[[[0.0] * 28] * 28]]})
 
 
-def replica_procs(jobs_dir: Path, unit: str) -> list[psutil.Process]:
+def unit_procs(jobs_dir: Path, module: str, unit: str | None = None) -> list[psutil.Process]:
+    """The processes of the platform's service units running `module` (and `unit`)."""
     out = []
     for p in psutil.process_iter(["cmdline", "environ"]):
         cmd, env = p.info.get("cmdline") or [], p.info.get("environ") or {}
-        if "plinth.serve.replica" in cmd and unit in cmd and \
+        if module in cmd and (unit is None or unit in cmd) and \
                 env.get("PLINTH_CHECKPOINT_DIR", "").startswith(str(jobs_dir)):
             out.append(p)
     return out
@@ -70,7 +72,7 @@ def test_a_service_scales_survives_replica_and_control_plane_kills(serving, tmp_
                    for j in c.jobs())
         # Kill a replica: it is replaced by a new job of the same unit; requests it held are
         # sent to the other replica.
-        (victim,) = replica_procs(serving.jobs_dir, "replica-1")[-1:]
+        (victim,) = unit_procs(serving.jobs_dir, "plinth.serve.replica", "replica-1")[-1:]
         old_job = next(u["job_id"] for u in status(c)["units"] if u["unit"] == "replica-1")
         victim.send_signal(signal.SIGKILL)
         wait_for(lambda: next(u for u in status(c)["units"] if u["unit"] == "replica-1")
@@ -109,6 +111,21 @@ def test_a_service_scales_survives_replica_and_control_plane_kills(serving, tmp_
     assert "SERVICE" in ls.stdout and "digits" in ls.stdout.split("SERVICE", 1)[1]
     show = cli(serving, "show", "digits")
     assert "why: aiad" in show.stdout and "replica-0" in show.stdout
+
+    # kill -9 of its router: a new router is placed and reports a new address; the replica
+    # that joined the old one is started again to join the new one, and the service answers
+    # at its new address.
+    (router,) = unit_procs(serving.jobs_dir, "plinth.serve.router")
+    router.send_signal(signal.SIGKILL)
+    def replaced() -> dict | None:
+        w = status(c)
+        now = {u["unit"]: u["job_id"] for u in w["units"] if u["state"] == "running"}
+        new = set(now) == {"router", "replica-0"} and all(now[u] != running[u] for u in now)
+        return w if new and w["status"].get("url") not in (None, url) else None
+
+    url = wait_for(replaced, 120, "a new router and replica")["status"]["url"]
+    wait_for(lambda: httpx.post(url, content=IMAGE, timeout=30).status_code == 200, 120,
+             "the new replica to join the new router")
 
     # Cancelling the service stops its router and replicas; its address answers no more.
     assert c.cancel_workload("digits")["state"] == "cancelled"
