@@ -59,6 +59,7 @@ from plinth.serve.sim import COLD_START_S
 TRACES = Path(os.environ.get("PLINTH_TRACES", ROOT.parent / "shared" / "data" / "traces"))
 TRACE = TRACES / "faro-twitter" / "jobs10_6h.jsonl"
 FIT = TRACES / "faro-twitter" / "resnet34_latency_lognorm.yaml"
+ROUTER_CPUS = 0.2  # each service's router unit (under a CPU limit, it caps the router's rate)
 
 
 def thinned_trace(src: Path, start: int, end: int, thin: int, out: Path) -> list[dict]:
@@ -158,9 +159,9 @@ def real_run(policy: str, rows: list[dict], args, fit_path: Path, jobs: list[str
     minute_s = 60.0 / args.compress
     home = Path(tempfile.mkdtemp(prefix="plinth-serve-real-"))
     print(f"home: {home}", flush=True)
-    port, serve_port = free_port(), free_port()
+    port = free_port()
     proc = start_server(home, port, "--fake-gpus", "1xA100", "--min-runtime", "0", "--grace",
-                        "2", "--serve-port", str(serve_port), "--serve-policy", policy,
+                        "2", "--serve-policy", policy,
                         "--serve-tick", f"{10 / args.compress:g}", "--serve-minute",
                         f"{minute_s:g}")
     try:
@@ -170,23 +171,25 @@ def real_run(policy: str, rows: list[dict], args, fit_path: Path, jobs: list[str
         slo_ms = args.slo_ms / args.compress
         service_ms = mean_service_s(yaml.safe_load(fit_path.read_text())) * 1000 / args.compress
         with Client(f"127.0.0.1:{port}", token) as c:
-            cpus = c.nodes()[0]["cpus"]
-            per_replica = cpus / args.cpus  # so that the cluster holds exactly --cpus replicas
+            # So that the cluster holds exactly --cpus replicas beside the services' routers.
+            cpus = c.nodes()[0]["cpus"] - len(jobs) * ROUTER_CPUS
+            per_replica = cpus / args.cpus
             urls = {}
             for i, job in enumerate(jobs):
-                w = c.submit_workload({
+                c.submit_workload({
                     "kind": "Service", "name": f"job{i}", "model": "bench.serve_emulated:make",
                     "input_shape": [1], "slo_ms": slo_ms, "service_ms": round(service_ms, 3),
                     "resources": {"cpus": per_replica, "memory": "1Gi"},
                     "min_replicas": 1, "max_replicas": args.cpus,
                     "batching": {"max_batch": 1, "max_wait_ms": 0}, "env": env,
-                    "workdir": str(ROOT)})
-                urls[job] = w["status"]["url"]
+                    "router": {"cpus": ROUTER_CPUS}, "workdir": str(ROOT)})
             deadline = time.monotonic() + 300
             while not all(c.workload(f"job{i}")["status"].get("ready") for i in range(len(jobs))):
                 if time.monotonic() > deadline:
                     raise SystemExit("replicas not ready after 300 s")
                 time.sleep(0.5)
+            for i, job in enumerate(jobs):  # where each one's router reported it listens
+                urls[job] = c.workload(f"job{i}")["status"]["url"]
             # The services' desired and ready replicas through the replay, to set late requests
             # against scale-ups (each added replica is a cold start on the same 2 cores) and to
             # time each added replica's start under the replay's load.

@@ -195,7 +195,7 @@ class _Run:
     def _start(self) -> None:
         with _server_env(self.p.server_src):
             self.proc = start_server(self.home, self.port, "--jobs-dir", str(self.jobs_dir),
-                                     "--fake-gpus", "1xA100", "--serve-port", "0",
+                                     "--fake-gpus", "1xA100",
                                      "--min-runtime", "0", "--grace", "1")
         self.up.set()
 

@@ -3,7 +3,8 @@ submitted through the same route, listed together, shown and cancelled by their 
 and bad input answered with one line that names the field.
 
 The control loop is not started: what is accepted is stored and queued, and never runs, so
-the Service's replica is a job that stays pending (its router does listen, on loopback).
+the Service's router is a unit job that stays pending (so its replicas, which wait for the
+router's address, are not submitted).
 """
 
 from __future__ import annotations
@@ -67,17 +68,17 @@ def test_a_job_and_a_service_through_one_api(api: Api) -> None:
     assert r.status_code == 201, r.text
     svc = r.json()
     assert (svc["kind"], svc["name"], svc["state"]) == ("Service", "digits", "active")
-    assert [u["unit"] for u in svc["units"]] == ["replica-0"]
-    replica = svc["units"][0]["job_id"]
+    assert [u["unit"] for u in svc["units"]] == ["router"]
+    router = svc["units"][0]["job_id"]
 
-    # Listed together: the service first, then every job, its replica's among them.
+    # Listed together: the service first, then every job, its router's among them.
     r = api.call("GET", "/v1/workloads")
     listed = r.json()
     assert [(w["kind"], w["name"]) for w in listed][:2] == [("Service", "digits"),
-                                                           ("Job", "digits.replica-0")]
+                                                           ("Job", "digits.router")]
     assert int(r.headers["X-Total-Count"]) == len(listed) == 1 + 1 + 4 + 1
-    unit = next(w for w in listed if w["id"] == replica and w["kind"] == "Job")
-    assert (unit["workload_id"], unit["unit"]) == (svc["id"], "replica-0")
+    unit = next(w for w in listed if w["id"] == router and w["kind"] == "Job")
+    assert (unit["workload_id"], unit["unit"]) == (svc["id"], "router")
     assert {w["name"]: w["state"] for w in listed if w["kind"] == "Job"}["train"] == "pending"
     only = api.call("GET", "/v1/workloads", params={"kind": "Service"}).json()
     assert [w["name"] for w in only] == ["digits"]
@@ -95,12 +96,12 @@ def test_a_job_and_a_service_through_one_api(api: Api) -> None:
     assert (task["array_id"], task["array_index"]) == (array["id"], 2)
     shown = api.call("GET", "/v1/workloads/digits").json()
     assert (shown["kind"], shown["spec"]["slo_ms"], shown["history"][0]["job_id"]) == \
-        ("Service", 100, replica)
+        ("Service", 100, router)
     api.refused("GET", "/v1/workloads/digits/logs", "ref: Service digits has no log of its "
                 "own; each of its units' jobs has one (their ids: `plinth show digits`)")
-    assert api.call("GET", f"/v1/workloads/{replica}/logs").json()["data"] == ""
+    assert api.call("GET", f"/v1/workloads/{router}/logs").json()["data"] == ""
 
-    # Cancelled by reference: a job, every task of an array, a service and its replica.
+    # Cancelled by reference: a job, every task of an array, a service and its router.
     r = api.call("DELETE", f"/v1/workloads/{job['id']}")
     assert (r.status_code, r.json()["kind"], r.json()["state"]) == (200, "Job", "cancelled")
     api.refused("DELETE", f"/v1/workloads/{job['id']}",
@@ -165,7 +166,8 @@ def test_a_service_that_could_never_fit_is_refused_and_not_kept(api: Api) -> Non
     r = api.call("POST", "/v1/workloads", json={**SERVICE, "max_replicas": 1000})
     cpus = sum(n.cpus_milli for n in api.cp.cluster.nodes) / 1000
     assert (r.status_code, r.json()["detail"]) == (
-        422, f"max_replicas: 1000 replicas of 0.5 CPUs need 500 CPUs; the cluster has {cpus:g}")
+        422, (f"max_replicas: 1000 replicas of 0.5 CPUs and a router of 0.5 need 500.5 CPUs; "
+              f"the cluster has {cpus:g}"))
     assert api.call("GET", "/v1/workloads", params={"all": True}).json() == []
 
 

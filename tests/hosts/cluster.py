@@ -154,5 +154,14 @@ class PlinthBed:
         env = {**self.env, "PLINTH_SERVER": self.server, "PLINTH_TOKEN": self.token}
         return self.bed.sh(host, [PLINTH, *args], env=env, check=check, timeout=timeout)
 
+    def api(self, host: str, path: str) -> object:
+        """GET `path` of the control plane's API from `host`, with the admin's token; its
+        JSON (e.g. /v1/workloads/NAME: a service's status and units)."""
+        code = ("import httpx, os, sys; r = httpx.get(os.environ['PLINTH_SERVER'] + sys.argv[1], "
+                "headers={'Authorization': 'Bearer ' + os.environ['PLINTH_TOKEN']}, timeout=30); "
+                "r.raise_for_status(); print(r.text)")
+        env = {**self.env, "PLINTH_SERVER": self.server, "PLINTH_TOKEN": self.token}
+        return json.loads(self.bed.sh(host, [sys.executable, "-c", code, path], env=env).stdout)
+
     def down(self) -> None:
         self.bed.down()

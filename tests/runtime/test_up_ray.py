@@ -74,35 +74,38 @@ def test_a_running_job_is_adopted_after_kill_9_and_cancelled(up):
 
 
 def test_a_service_replica_runs_on_a_ray_node_and_answers(ray_cluster, tmp_path):
-    """A Service on `plinth up --runtime ray`: its replica is a unit job the Ray runtime starts
-    on a Ray node; it joins the control plane's router, which answers through it."""
+    """A Service on `plinth up --runtime ray`: its router and its replica are unit jobs the Ray
+    runtime starts on Ray nodes; the replica joins the router, which answers through it."""
     import json
 
     import httpx
     import yaml
 
-    home, port, serve_port = tmp_path / "home", free_port(), free_port()
+    home, port = tmp_path / "home", free_port()
     proc = start_server(home, port, "--runtime", "ray", "--ray-address", ray_cluster.address,
-                        "--grace", "2", "--min-runtime", "0", "--serve-port", str(serve_port))
+                        "--grace", "2", "--min-runtime", "0")
     try:
         url, token = f"http://127.0.0.1:{port}", (home / "token").read_text().strip()
         spec = yaml.safe_load((EXAMPLES.parent / "serve" / "service.yaml").read_text())
         spec |= {"workdir": str(EXAMPLES.parents[1]), "min_replicas": 1, "max_replicas": 1,
                  "resources": {"cpus": 0.5, "memory": "1Gi"}}
         with Client(url, token) as c:
-            w = c.submit_workload(spec)
+            c.submit_workload(spec)
             wait_for(lambda: c.workload("digits")["status"].get("ready") == 1,
                      "the replica to join the router", timeout=240)
             body = json.dumps({"inputs": [[[[0.0] * 28] * 28]]})
+            w = c.workload("digits")  # with the address its router reported
             r = httpx.post(w["status"]["url"], content=body, timeout=60)
             assert r.status_code == 200, r.text
             assert len(r.json()["outputs"][0]) == 10  # the digits model's ten scores
-            (unit,) = c.workload("digits")["units"]
-            slot = c.job(unit["job_id"])["allocation"]["slots"][0]
-            assert slot["node_name"] in ("ray-head", "ray-worker"), slot
-            # Stopped through the runtime, so its actor leaves the shared Ray cluster too.
+            units = w["units"]
+            assert sorted(u["unit"] for u in units) == ["replica-0", "router"]
+            for unit in units:
+                slot = c.job(unit["job_id"])["allocation"]["slots"][0]
+                assert slot["node_name"] in ("ray-head", "ray-worker"), slot
+            # Stopped through the runtime, so their actors leave the shared Ray cluster too.
             c.cancel_workload("digits")
-            assert c.wait(unit["job_id"], timeout=120) == "cancelled"
+            assert all(c.wait(u["job_id"], timeout=120) == "cancelled" for u in units)
     finally:
         stop_server(proc)
         kill_jobs(home)

@@ -1,7 +1,8 @@
-"""A replica started as a child process, for tests and benches that measure one replica alone.
+"""A replica (or a router) started as a child process, for tests and benches that measure one
+alone.
 
-In the product a replica is a unit job that the scheduler places and the runtime starts
-(`plinth.serve.workload`); this helper exists only to drive one replica directly."""
+In the product each is a unit job that the scheduler places and the runtime starts
+(`plinth.serve.workload`); this helper exists only to drive one directly."""
 
 from __future__ import annotations
 
@@ -24,11 +25,12 @@ class ReplicaProcess:
 
     @classmethod
     def start(cls, args: list[str], *, env: dict[str, str] | None = None,
-              cwd: str | None = None, timeout_s: float = 120.0) -> ReplicaProcess:
-        """`python -m plinth.serve.replica ARGS`; a replica that exits first, or is not ready in
-        `timeout_s`, is a PlinthError carrying its last line of stderr."""
+              cwd: str | None = None, timeout_s: float = 120.0,
+              module: str = "plinth.serve.replica") -> ReplicaProcess:
+        """`python -m MODULE ARGS` (`plinth.serve.router` for a router); one that exits first,
+        or is not ready in `timeout_s`, is a PlinthError carrying its last line of stderr."""
         log = tempfile.TemporaryFile()  # noqa: SIM115 -- closed by stop()
-        proc = subprocess.Popen([sys.executable, "-m", "plinth.serve.replica", *args], cwd=cwd,
+        proc = subprocess.Popen([sys.executable, "-m", module, *args], cwd=cwd,
                                 env=env, stdout=subprocess.PIPE, stderr=log)
         lines: queue.Queue[bytes] = queue.Queue()
 
@@ -48,7 +50,7 @@ class ReplicaProcess:
             code = rp.stop(grace_s=5.0)
             tail = rp.stderr_tail()
             log.close()
-            raise PlinthError(f"replica did not start (exit {code}): {tail}")
+            raise PlinthError(f"{module} did not start (exit {code}): {tail}")
         rp.url = line.split(" ", 1)[1]
         return rp
 

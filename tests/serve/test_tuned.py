@@ -26,7 +26,6 @@ from replica_process import ReplicaProcess
 
 import plinth.control.kinds  # noqa: F401  # registers the kinds that load_spec reads
 from plinth.core.errors import SpecError
-from plinth.core.net import free_port
 from plinth.core.spec import load_spec
 from plinth.serve.check import check_model
 from plinth.serve.replica import NPY
@@ -249,15 +248,16 @@ def test_replicas_serve_the_records_of_their_own_share(tuned_db) -> None:
 @pytest.mark.slow
 def test_a_tuned_service_through_plinth_submit_and_the_router(tuned_db, tmp_path) -> None:
     """`plinth submit` of examples/serve/tuned.yaml (its database and CPUs changed) on a real
-    `plinth up`: the scheduler places its replica (2 CPUs: share 2), which serves the share-2
-    records behind the router, and `plinth show` says so."""
+    `plinth up`: the scheduler places its replica (2 threads: share 2, on 1.5 CPUs, so that it
+    fits this 2-CPU machine beside its router's 0.5), which serves the share-2 records behind
+    the router, and `plinth show` says so."""
     doc = yaml.safe_load(EXAMPLE.read_text())
     doc |= {"tuned": {**doc["tuned"], "db": str(tuned_db)}, "max_replicas": 1,
-            "resources": {**doc["resources"], "cpus": 2}}
+            "resources": {**doc["resources"], "cpus": 1.5}, "env": {"OMP_NUM_THREADS": "2"}}
     path = tmp_path / "tuned.yaml"
     path.write_text(yaml.safe_dump(doc))
     name = doc["name"]
-    p = Platform(tmp_path / "home", "--serve-port", str(free_port()), "--serve-tick", "1")
+    p = Platform(tmp_path / "home", "--serve-tick", "1")
     p.start()
     try:
         out = run_cli(p, "submit", str(path))

@@ -29,8 +29,8 @@ class Platform:
         self.home, self.port = home, free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc = start_server(home, self.port, "--fake-gpus", "4xA100,4xV100", "--grace", "1",
-                                 "--min-runtime", "0", "--serve-port", str(free_port()),
-                                 "--serve-tick", "1", "--serve-policy", "aiad")
+                                 "--min-runtime", "0", "--serve-tick", "1",
+                                 "--serve-policy", "aiad")
         self.token = (home / "token").read_text().strip()
 
     def client(self, token: str | None = None):

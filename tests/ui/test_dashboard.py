@@ -380,8 +380,9 @@ def test_services_page_lists_a_tenants_services_live(platform, world, browser, s
                "max_replicas": 2}
     alpha = world["tokens"]["alpha"]
     with platform.client(alpha) as a:
-        w = a.submit_workload(service)
+        a.submit_workload(service)
         _until(lambda: a.workload("digits")["status"].get("ready") == 1, 120)
+        w = a.workload("digits")  # with the address its router reported
     sign_in(browser, platform, alpha)
     browser.get(f"{platform.url}/ui/services")
     sel = '#services tr[data-service="digits"]'

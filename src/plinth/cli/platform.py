@@ -77,9 +77,6 @@ def up(
     jobs_dir: Annotated[Path | None, typer.Option(
         help="As root, where each tenant's jobs keep their checkpoints, in a folder of the "
              "tenant's own Unix user [default: $PLINTH_HOME-jobs].")] = None,
-    serve_port: Annotated[int, typer.Option(help="Port of the router in front of every "
-                                                 "service (/v1/NAME/infer); 0: any free "
-                                                 "one.")] = 8700,
     serve_policy: Annotated[str, typer.Option(help="Autoscaling policy for services: "
                                                    "faro-fairsum, aiad, ... (plinth serve "
                                                    "policies).")] = "faro-fairsum",
@@ -100,7 +97,7 @@ def up(
                        fence_after_s=fence_after, policy=policy, grace_s=grace,
                        min_runtime_s=min_runtime, round_s=round_s, max_body_bytes=max_body,
                        tls_cert=tls_cert, tls_key=tls_key, jobs_dir=jobs_dir,
-                       serve_port=serve_port, serve_policy=serve_policy,
+                       serve_policy=serve_policy,
                        serve_tick_s=serve_tick, serve_minute_s=serve_minute,
                        log_limit_mib=log_limit)
     serve(cfg, announce=lambda s: console.print(s, highlight=False, soft_wrap=True))
@@ -350,7 +347,7 @@ def show_workload(w: dict) -> None:
                 f"{r['round']}: -" if r["accuracy"] is None else f"{r['round']}: {r['accuracy']:.4f}"
                 for r in per_round), highlight=False)
         st.pop("failed_server_job", None)
-    for key in ("router_port", "decided_at", "decisions", "units_told"):
+    for key in ("router", "decided_at", "decisions", "units_told"):
         st.pop(key, None)
     if st:
         console.print("status: " + ", ".join(f"{k} {v}" for k, v in st.items()),

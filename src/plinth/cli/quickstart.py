@@ -107,7 +107,7 @@ def quickstart(
     home.mkdir(parents=True)
     extra = [] if discover_gpus() else ["--fake-gpus", fake_gpus or "4xA100"]
     port = free_port()
-    extra += ["--serve-port", str(free_port()), "--serve-tick", "2"]
+    extra += ["--serve-tick", "2"]
     console.print(f"starting the control plane: plinth up --home {home} --port {port} "
                   f"{' '.join(extra)}", highlight=False)
     proc = start_server(home.resolve(), port, *extra)
@@ -118,9 +118,8 @@ def quickstart(
             h = c.health()
             console.print(f"up: {h['gpus']} GPUs, policy {h['policy']}, isolation "
                           f"{h['isolation']}", highlight=False)
-            w = c.submit_workload(SERVICE)  # first: its replica takes its CPUs before the jobs
-            console.print(f"plinth submit {SERVICE}  ->  Service {w['name']} at "
-                          f"{w['status']['url']}", highlight=False)
+            w = c.submit_workload(SERVICE)  # first: its units take their CPUs before the jobs
+            console.print(f"plinth submit {SERVICE}  ->  Service {w['name']}", highlight=False)
             deadline = time.monotonic() + timeout
             ids = []
             for name in EXAMPLES:
@@ -131,6 +130,9 @@ def quickstart(
                 if time.monotonic() > deadline:
                     raise PlinthError(f"service {w['name']} not serving after {timeout:g} s")
                 time.sleep(0.2)
+            w = c.workload(w["name"])  # its router has reported where it listens
+            console.print(f"Service {w['name']} answers at {w['status']['url']}",
+                          highlight=False)
             task, fl_clients = submit_fl_task(c, home)
             console.print(f"plinth submit {FL_TASK}  ->  FLTask {task['name']}, clients "
                           f"connect to {task['status']['address']}", highlight=False)

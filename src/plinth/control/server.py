@@ -55,10 +55,9 @@ class ServerConfig:
     # Where tenants' jobs keep their checkpoints when each tenant runs as its own Unix user
     # (as root); default: PLINTH_HOME-jobs next to PLINTH_HOME. See plinth.control.users.
     jobs_dir: Path | None = None
-    # Services (plinth.serve.workload): the router's port (0: any free one, kept across
-    # restarts), the autoscaling policy, its tick, and the wall seconds of one minute of
-    # arrivals history (less than 60 replays a trace faster).
-    serve_port: int = 8700
+    # Services (plinth.serve.workload): the autoscaling policy, its tick, and the wall seconds
+    # of one minute of arrivals history (less than 60 replays a trace faster). Each service's
+    # router is a unit of its own, placed on a node, not a part of this process.
     serve_policy: str = "faro-fairsum"
     serve_tick_s: float = 10.0
     serve_minute_s: float = 60.0
@@ -111,12 +110,12 @@ def build(cfg: ServerConfig, lease: Lease) -> tuple[ControlPlane, Auth]:
     POLICIES.check(cfg.serve_policy, field="--serve-policy")
     if cfg.serve_tick_s <= 0 or cfg.serve_minute_s <= 0:
         raise SpecError("--serve-tick and --serve-minute: must be > 0 seconds")
-    service = {"host": cfg.host if _loopback(cfg.host) else "0.0.0.0", "port": cfg.serve_port,
-               "policy": cfg.serve_policy, "tick_s": cfg.serve_tick_s,
+    service = {"policy": cfg.serve_policy, "tick_s": cfg.serve_tick_s,
                "minute_s": cfg.serve_minute_s}
+    fl_host = cfg.host if _loopback(cfg.host) else "0.0.0.0"
     cp = ControlPlane(store, runtime, home=cfg.home, policy=cfg.policy, config=config,
                       grace_s=cfg.grace_s, jobs_dir=cfg.tenant_jobs_dir,
-                      kinds={"Service": service, "FLTask": {"host": service["host"]}})
+                      kinds={"Service": service, "FLTask": {"host": fl_host}})
     lock_down(cfg.home, cfg.tenant_jobs_dir)
     holder.append(cp)
     return cp, auth
@@ -159,8 +158,6 @@ def check_network(cfg: ServerConfig) -> list[str]:
     """Refuse bad network options in one line each; return the warnings to print."""
     if not 0 <= cfg.port <= 65535:
         raise SpecError(f"--port: must be in 0..65535, got {cfg.port}")
-    if not 0 <= cfg.serve_port <= 65535:
-        raise SpecError(f"--serve-port: must be in 0..65535, got {cfg.serve_port}")
     if cfg.max_body_bytes < 1024:
         raise SpecError(f"--max-body: must be at least 1024 bytes, got {cfg.max_body_bytes}")
     if (cfg.tls_cert is None) != (cfg.tls_key is None):

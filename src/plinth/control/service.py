@@ -60,7 +60,7 @@ class ControlPlane:
         """`jobs_dir`: run each tenant's jobs as its own Unix user, with their checkpoints under
         it (needs root; see plinth.control.users). None: every job runs as this process's
         user, with checkpoints under `home`. `kinds`: per workload kind, the options of its
-        controller (`Service`: the router's port, the autoscaling policy...). `paced`: passes
+        controller (`Service`: the autoscaling policy and its tick...). `paced`: passes
         spaced on the wall clock; off on a virtual clock (see plinth.control.loop)."""
         self.store, self.runtime, self.home = store, runtime, Path(home)
         self.policy_name, self.grace_s, self.clock = policy, grace_s, clock

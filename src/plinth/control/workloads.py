@@ -27,6 +27,7 @@ from plinth.control.errors import NotFound
 from plinth.control.kinds import CONTROLLERS
 from plinth.control.tenantfs import Handout
 from plinth.core.errors import PlinthError, SpecError
+from plinth.core.jobspec import JobSpec
 from plinth.core.kinds import (
     BaseController,
     Capacity,
@@ -64,6 +65,9 @@ class PlaneContext:
         nodes = self.cp.cluster.nodes
         return Capacity(sum(n.cpus_milli for n in nodes) / 1000, self.cp.cluster.total_gpus,
                         len(nodes))
+
+    def fits(self, spec: JobSpec) -> None:
+        self.cp.admit(spec, spec.tenant or "default")
 
     def files(self, w: Workload) -> Handout:
         return self.cp.workload_files(w.id, w.tenant)

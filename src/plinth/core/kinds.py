@@ -17,8 +17,9 @@ live unit that is no longer wanted. The kinds map onto this as follows:
 
 - `Job`: one unit, the job's gang, run once. A Job is submitted as that job directly (the
   submit path is hot) and has no controller or workload record.
-- `Service`: a replica set whose size the autoscaler picks (`plinth.serve.workload`). Its units
-  are `replica-0..N-1`; scaling down drops the highest names; a replica that dies is replaced.
+- `Service`: a router and a replica set whose size the autoscaler picks
+  (`plinth.serve.workload`). Its units are `router` and, once the router has reported its
+  address, `replica-0..N-1`; scaling down drops the highest names; a unit that dies is replaced.
 - `FLTask`: its server (`plinth.fl.workload`), resumed from its last round when replaced; then
   a tree of aggregators, where a leaf sets `colocate_with` to name the unit whose node it must
   share, and a node's middle aggregator sets `apart_from` to name those whose nodes it must not.
@@ -28,9 +29,10 @@ live unit that is no longer wanted. The kinds map onto this as follows:
 The life of a workload, as its controller sees it (every call from the control loop, under its
 lock, so a controller needs no lock of its own):
 
-1. `check(w, ctx)` before anything is stored: raise `SpecError` if it can never run here.
+1. `check(w, ctx)` before anything is stored: raise `SpecError` if it can never run here
+   (`ctx.fits` checks a unit that `units` will list only later).
 2. `start(w, ctx)` once it is accepted, and again for each active workload after a restart
-   (`ctx.recovered` says which): set up what lives beside the units (a router, handouts).
+   (`ctx.recovered` says which): set up what lives beside the units (handouts).
 3. `units(w, observed, now)`, whenever one of its units changed, after a report or a tick that
    changed it, and once a second as a safety net.
 4. `report(w, unit, body, ctx)` when a unit reports (over the API, with a credential scoped to
@@ -167,6 +169,11 @@ class Context(Protocol):
         ...
 
     def capacity(self) -> Capacity:
+        ...
+
+    def fits(self, spec: JobSpec) -> None:
+        """Raise (one line naming why) if a job of `spec` could never run on this cluster: for
+        a unit a controller starts only later, checked in `check`."""
         ...
 
     def files(self, w: Workload) -> Files:
@@ -334,6 +341,11 @@ class LocalContext:
 
     def capacity(self) -> Capacity:
         return self.cap
+
+    def fits(self, spec: JobSpec) -> None:
+        if spec.resources.cpus > self.cap.cpus or spec.resources.gpus > self.cap.gpus:
+            raise SpecError(f"resources: {spec.name!r} asks for more than the capacity "
+                            f"({self.cap.cpus:g} CPUs, {self.cap.gpus} GPUs)")
 
     def files(self, w: Workload) -> FolderFiles:
         return FolderFiles(self.folder / "files" / f"workload-{w.id}")

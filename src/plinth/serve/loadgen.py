@@ -2,7 +2,7 @@
 next request as soon as the last is answered, on a thread of its own. It counts answers by
 status code; a connection error (the router is down) is counted under the error's name.
 
-    with ClosedLoop("http://127.0.0.1:8700/v1/digits/infer", body, clients=8) as load:
+    with ClosedLoop(status["url"], body, clients=8) as load:   # the service's address
         ...
     load.codes  # {200: 5120, 503: 3}
 """

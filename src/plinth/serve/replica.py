@@ -2,12 +2,13 @@
 
     python -m plinth.serve.replica --model examples.serve.cnn:make --input-shape 1,28,28 \\
         --slo-ms 100 [--handler examples.serve.handler:Handler] [--max-batch 0] \\
-        [--max-wait-ms 5] [--host 127.0.0.1] [--port 0] [--workdir DIR] \\
+        [--max-wait-ms 5] [--host ADDRESS] [--port 0] [--workdir DIR] \\
         [--register URL] [--unit NAME] [--tuned-db DB --tuned-target cpu]
 
 At startup the replica loads the model (see `plinth.serve.model`), times it per batch size and
-picks its batch size (see `plinth.serve.batching`); only then does it listen and print one line,
-``ready http://HOST:PORT``. HTTP:
+picks its batch size (see `plinth.serve.batching`); only then does it listen, on its node's
+address (PLINTH_NODE_ADDRESS, which the runtime gives every unit; else 127.0.0.1) unless --host
+says otherwise, and print one line, ``ready http://HOST:PORT``. HTTP:
 
 - GET /healthz: 200 (the model is loaded and profiled before the port opens); with a tuned
   model, its "tuned" member says which share's records it runs (see `plinth.serve.tuned`).
@@ -17,9 +18,10 @@ picks its batch size (see `plinth.serve.batching`); only then does it listen and
   replica cannot use is a 400 naming the reason; the model failing is a 500.
 - GET /stats: {batch_size, requests, batches, p50_ms, p99_ms, ...}.
 
-With --register URL it POSTs {"unit", "url"} to URL with ``Authorization: Bearer
-$PLINTH_REPLICA_SECRET`` once ready and every second after. On SIGTERM it stops the heartbeat,
-POSTs the same body to URL/leave, finishes the requests it holds and exits 0.
+With --register URL (its service's router's) it POSTs {"unit", "url"} to URL with
+``Authorization: Bearer $PLINTH_REPLICA_SECRET`` once ready and every second after. On SIGTERM
+it stops the heartbeat, POSTs the same body to URL/leave, finishes the requests it holds and
+exits 0.
 
 The model runs on one torch thread unless OMP_NUM_THREADS says otherwise: a replica is one CPU.
 With --tuned-db it is instead the TVM build of the records tuned at the share nearest the
@@ -39,7 +41,6 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -54,7 +55,9 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from plinth.core.errors import PlinthError, SpecError
+from plinth.core.runtime import NODE_ADDRESS
 from plinth.runtime.report import Reporter
+from plinth.serve import httpserver
 from plinth.serve.batching import (
     ADAPTIVE_CAP,
     SLO_SHARE,
@@ -77,10 +80,10 @@ from plinth.serve.model import (
     try_example,
 )
 from plinth.serve.reports import ReplicaReport
+from plinth.serve.spec import SECRET_ENV
 from plinth.serve.tuned import TunedInfo, replica_share, tuned_forward
 
 NPY = "application/x-npy"
-SECRET_ENV = "PLINTH_REPLICA_SECRET"
 HEARTBEAT_S = 1.0
 
 
@@ -233,15 +236,6 @@ def make_app(m: Loaded, batcher: Batcher) -> Starlette:
 # --- process lifecycle --------------------------------------------------------------------------
 
 
-class _Server(uvicorn.Server):
-    """uvicorn without its own signal handling: the replica takes SIGTERM itself, to leave the
-    router before it drains (uvicorn would also re-raise the signal and exit non-zero)."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
-
-
 async def _post(client: httpx.AsyncClient, url: str, body: dict,
                 warned: set[int]) -> None:
     try:
@@ -268,13 +262,7 @@ async def serve(m: Loaded, executor: ThreadPoolExecutor, sock: socket.socket, ur
     batcher.start()
     config = uvicorn.Config(make_app(m, batcher), log_level="warning", access_log=False,
                             lifespan="off", timeout_graceful_shutdown=30)
-    server = _Server(config)
-    served = asyncio.create_task(server.serve(sockets=[sock]))
-    while not server.started:
-        if served.done():
-            await served
-            raise PlinthError("replica: the HTTP server did not start")
-        await asyncio.sleep(0.01)
+    server, served = await httpserver.start(config, sock)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -310,7 +298,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--slo-ms", type=float, required=True)
     ap.add_argument("--max-batch", type=int, default=0, help="0: adaptive (default)")
     ap.add_argument("--max-wait-ms", type=float, default=5.0)
-    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--host", default=None, help=f"default: ${NODE_ADDRESS}, else 127.0.0.1")
     ap.add_argument("--port", type=int, default=0, help="0: any free port")
     ap.add_argument("--workdir", default=None, help="put on sys.path; relative files from here")
     ap.add_argument("--register", default=None, metavar="URL")
@@ -332,6 +320,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     # Stopped while it loads or profiles: nothing is registered or in flight yet, so just exit 0.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    args.host = args.host or os.environ.get(NODE_ADDRESS) or "127.0.0.1"
     threads = int(os.environ.get("OMP_NUM_THREADS") or 1)
     torch.set_num_threads(threads)
     # One worker thread runs every batch; torch's thread count is per thread, so set it there too.
@@ -339,12 +328,7 @@ def main(argv: list[str] | None = None) -> int:
                                   initargs=(threads,))
     try:
         m = prepare(args, executor)
-        sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        # Accepted connections inherit it: without it Nagle holds a response's body for the
-        # client's delayed ACK of its headers, 40 ms on every keep-alive request.
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock.bind((args.host, args.port))
+        sock = httpserver.listen(args.host, args.port)
     except (PlinthError, OSError) as e:
         print(f"replica: {e}", file=sys.stderr, flush=True)
         executor.shutdown()

@@ -14,14 +14,18 @@ from plinth.core.jobspec import Resources
 from plinth.core.spec import beside, from_folder
 from plinth.serve.models import MODELS
 
+SECRET_ENV = "PLINTH_REPLICA_SECRET"  # the service's secret: its replicas join its router with it
+
 
 class RouterSpec(BaseModel):
-    """The control plane's router in front of every service's replicas."""
+    """A service's router (`plinth.serve.router`): a unit of the service, in front of its
+    replicas."""
 
-    model_config = ConfigDict(extra="forbid")
-    queue: int = Field(50, ge=0, description="requests queued per service before 503")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    queue: int = Field(50, ge=0, description="requests queued before 503")
     concurrency: int = Field(4, ge=1, description="requests in flight per replica")
     timeout_s: float = Field(10.0, gt=0, description="per request, queue wait included (504)")
+    cpus: float = Field(0.5, gt=0, le=64, description="the router unit's CPUs")
 
 
 class Batching(BaseModel):
@@ -62,6 +66,7 @@ class ServiceSpec(BaseModel):
     resources: {cpus: 1, memory: 1Gi}  # per replica; or gpu_fraction with gpu_memory
     min_replicas: 1
     max_replicas: 4
+    router: {cpus: 0.5, queue: 50, concurrency: 4, timeout_s: 10}   # its router unit
     tuned: {db: tune-db, target: cpu}  # optional: serve the TVM build a Tune task tuned
     ```
     """
@@ -86,6 +91,7 @@ class ServiceSpec(BaseModel):
     priority: int = Field(0, ge=-1000, le=1000)
     preemptible: bool = False  # a replica is not preempted by default (see docs/serving.md)
     batching: Batching = Field(default_factory=Batching)
+    router: RouterSpec = Field(default_factory=RouterSpec)
     tuned: Tuned | None = None
     # where MODULE is imported from: default, where you submit; a relative one is taken from
     # the spec's folder, so that a spec naming its project's root runs from any directory
