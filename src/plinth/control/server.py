@@ -114,7 +114,7 @@ def build(cfg: ServerConfig, lease: Lease) -> tuple[ControlPlane, Auth]:
                "minute_s": cfg.serve_minute_s}
     cp = ControlPlane(store, runtime, home=cfg.home, policy=cfg.policy, config=config,
                       grace_s=cfg.grace_s, jobs_dir=cfg.tenant_jobs_dir,
-                      kinds={"Service": service, "FLTask": {"host": service["host"]}})
+                      kinds={"Service": service})
     lock_down(cfg.home, cfg.tenant_jobs_dir)
     holder.append(cp)
     return cp, auth

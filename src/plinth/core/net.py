@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
+from collections.abc import Mapping
+
+from plinth.core.runtime import NODE_ADDRESS
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -23,3 +27,18 @@ def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
         for s in socks:
             s.bind((host, 0))
         return [int(s.getsockname()[1]) for s in socks]
+
+
+def node_address(env: Mapping[str, str] = os.environ) -> str:
+    """The address of the node this process runs on, as the other nodes reach it: what the
+    runtime gives each unit in PLINTH_NODE_ADDRESS, else loopback (a process run by hand)."""
+    return env.get(NODE_ADDRESS) or "127.0.0.1"
+
+
+def advertised(host: str, port: int, env: Mapping[str, str] = os.environ) -> str:
+    """The HOST:PORT others dial for a socket bound to `host` and `port`: a wildcard host
+    (every interface) is advertised as this node's address."""
+    host = host.strip("[]")
+    if host in ("0.0.0.0", "::", ""):
+        host = node_address(env)
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
