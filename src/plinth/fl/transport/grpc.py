@@ -513,7 +513,10 @@ class GrpcClient:
         req = json.dumps({"client_id": self.client_id}).encode()
         while stop is None or not stop.is_set():
             try:
-                frames = iter(self._pull(req, metadata=self.metadata, wait_for_ready=True,
+                # A pull waits for a server that is away to come back at this address; with
+                # `locate` it fails at once instead, and the client asks where the server is.
+                frames = iter(self._pull(req, metadata=self.metadata,
+                                         wait_for_ready=self.locate is None,
                                          timeout=POLL_SECONDS * 5 + self.connect_timeout))
                 head = json.loads(next(frames))
                 if head.get("shutdown"):
