@@ -17,6 +17,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from bed import Bed
 
@@ -119,6 +120,14 @@ class PlinthBed:
         """`plinth ARGS` run on `host` against the control plane on h1."""
         env = {**self.env, "PLINTH_SERVER": self.server, "PLINTH_TOKEN": self.token}
         return self.bed.sh(host, [PLINTH, *args], env=env, check=check, timeout=timeout)
+
+    def api(self, host: str, path: str) -> Any:
+        """GET `path` of the control plane's API from `host`, as the admin; the JSON answer."""
+        code = ("import os, sys, httpx; r = httpx.get(os.environ['PLINTH_SERVER'] + sys.argv[1], "
+                "headers={'Authorization': 'Bearer ' + os.environ['PLINTH_TOKEN']}, timeout=30); "
+                "r.raise_for_status(); print(r.text)")
+        env = {**self.env, "PLINTH_SERVER": self.server, "PLINTH_TOKEN": self.token}
+        return json.loads(self.bed.sh(host, [sys.executable, "-c", code, path], env=env).stdout)
 
     def down(self) -> None:
         self.bed.down()
