@@ -77,6 +77,16 @@ def write_app(folder: Path, shape: str, clients: int, rounds: int) -> Path:
     return path
 
 
+def tenants_own(path: Path) -> None:
+    """As root, the admin's tenant (`default`) runs its units as its own Unix user, on the local
+    runtime and on a Ray node alike: the tokens file its server or middles read is its own."""
+    if os.geteuid() == 0:
+        from plinth.control.users import ensure_user
+
+        user = ensure_user("default")
+        os.chown(path, user.uid, user.gid)
+
+
 def client_argv(app: Path, clients: int, procs: int) -> list[list[str]]:
     per = -(-clients // procs)
     return [[*PLINTH, "fl", "client", str(app), "--task", yaml.safe_load(app.read_text())["name"],
@@ -110,11 +120,7 @@ def on_one_host(app: Path, clients: int, procs: int) -> dict:
                           "--min-runtime", "0", "--jobs-dir", str(jobs))
     url, token = f"http://127.0.0.1:{port}", (home / "token").read_text().strip()
     env = {**os.environ, "PLINTH_SERVER": url, "PLINTH_TOKEN": token, "OMP_NUM_THREADS": "1"}
-    if os.geteuid() == 0:  # the admin's tenant runs as its own user: its tokens are its own
-        from plinth.control.users import ensure_user
-
-        user = ensure_user("default")
-        os.chown(app.parent / "tokens.txt", user.uid, user.gid)
+    tenants_own(app.parent / "tokens.txt")
     running: list[subprocess.Popen] = []
     try:
         t0 = time.perf_counter()
@@ -179,6 +185,7 @@ def main() -> None:
             app = write_app(folder / shape, shape, args.clients, args.rounds)
             pb.bed.sh("h4", [*PLINTH, "fl", "tokens", str(app.parent / "tokens.txt"),
                              "--clients", str(args.clients)])
+            tenants_own(app.parent / "tokens.txt")
             results.append({"shape": shape, "where": "bed (units on h2, h3; clients on h4)",
                             **on_the_bed(pb, app, args.clients, args.procs)})
     finally:

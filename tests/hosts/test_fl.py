@@ -6,6 +6,7 @@ node's address and reports it; the rounds reach the controller as unit reports."
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
@@ -13,6 +14,8 @@ import pytest
 import yaml
 from cluster import PLINTH
 from conftest import wait_for
+
+from plinth.control.users import ensure_user
 
 pytestmark = [pytest.mark.hosts, pytest.mark.slow, pytest.mark.xdist_group("hosts")]
 APPS = Path(__file__).parents[1] / "fl" / "apps"
@@ -27,6 +30,9 @@ def _app(pb, name: str) -> Path:
     folder.mkdir(mode=0o755)
     pb.bed.sh("h3", [PLINTH, "fl", "tokens", str(folder / "tokens.txt"), "--clients",
                      str(CLIENTS)])
+    # the middles check them, as the tenant's user (a root Ray node runs a tenant's units so)
+    user = ensure_user("default")
+    os.chown(folder / "tokens.txt", user.uid, user.gid)
     doc = yaml.safe_load((APPS / "tiny.yaml").read_text())
     doc |= {"kind": "FLTask", "name": name, "code": str(APPS / "tiny.py"),
             "resources": {"cpus": 0.5, "memory": "1Gi"}, "transport": {"tokens": "tokens.txt"}}
@@ -40,6 +46,16 @@ def _app(pb, name: str) -> Path:
 
 def _status(pb, name: str) -> dict:
     return pb.api("h3", f"/v1/workloads/{name}")
+
+
+def _story(pb, name: str) -> str:
+    """The task's status, and the last lines of each unit's log: what a failure shows."""
+    w = _status(pb, name)
+    out = [f"{w['state']} {w['status']}"]
+    for u in w["units"]:
+        log = pb.cli("h3", "logs", str(u["job_id"]), check=False).stdout
+        out.append(f"--- {u['unit']} (job {u['job_id']}, {u['state']}):\n{log[-1500:]}")
+    return "\n".join(out)
 
 
 def test_an_fl_task_runs_its_tree_on_worker_hosts_with_clients_on_another(plinth_bed):
@@ -59,7 +75,10 @@ def test_an_fl_task_runs_its_tree_on_worker_hosts_with_clients_on_another(plinth
         return st if st.get("address") and all(m.get("address") for m in st["middles"]) \
             else None
 
-    st = wait_for(reported, "the server and the middles to report their addresses")
+    try:
+        st = wait_for(reported, "the server and the middles to report their addresses")
+    except AssertionError as e:
+        raise AssertionError(f"{e}\n{_story(pb, name)}") from None
     server_at = st["address"].rsplit(":", 1)[0]
     middles_at = {m["address"].rsplit(":", 1)[0] for m in st["middles"]}
     # each on a worker host's own address (not 0.0.0.0, loopback or the control plane's),
