@@ -164,7 +164,7 @@ def on_the_bed(pb, app: Path, clients: int, procs: int) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--clients", type=int, default=20)
-    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--procs", type=int, default=2, help="client processes")
     ap.add_argument("--shapes", default="flat,middles")
     ap.add_argument("--json", dest="json_path")
@@ -186,7 +186,7 @@ def main() -> None:
             pb.bed.sh("h4", [*PLINTH, "fl", "tokens", str(app.parent / "tokens.txt"),
                              "--clients", str(args.clients)])
             tenants_own(app.parent / "tokens.txt")
-            results.append({"shape": shape, "where": "bed (units on h2, h3; clients on h4)",
+            results.append({"shape": shape, "where": "bed",
                             **on_the_bed(pb, app, args.clients, args.procs)})
     finally:
         pb.down()
@@ -196,16 +196,17 @@ def main() -> None:
         app = write_app(local / shape, shape, args.clients, args.rounds)
         subprocess.run([*PLINTH, "fl", "tokens", str(app.parent / "tokens.txt"), "--clients",
                         str(args.clients)], check=True, capture_output=True)
-        results.append({"shape": shape, "where": "one host (local runtime, 127.0.0.1)",
+        results.append({"shape": shape, "where": "one host", "nodes": ["127.0.0.1"],
                         **on_one_host(app, args.clients, args.procs)})
     t = Table(title=f"FLTask, 1.08M parameters, {args.clients} clients in {args.procs} "
                     f"processes, {args.rounds} rounds")
-    for col in ("shape", "where", "round s (median)", "first round s", "task s", "accuracy"):
-        t.add_column(col, justify="left" if col in ("shape", "where") else "right")
+    for col in ("shape", "where", "units on", "round s (median)", "first round s", "task s",
+                "accuracy"):
+        t.add_column(col, justify="left" if col in ("shape", "where", "units on") else "right")
     for r in sorted(results, key=lambda r: (shapes.index(r["shape"]), r["where"])):
-        t.add_row(r["shape"], r["where"], f"{r['round_s']:.2f}", f"{r['first_round_s']:.2f}",
-                  f"{r['task_s']:.1f}", f"{r['accuracy']:.4f}")
-    Console().print(t)
+        t.add_row(r["shape"], r["where"], ",".join(r["nodes"]), f"{r['round_s']:.2f}",
+                  f"{r['first_round_s']:.2f}", f"{r['task_s']:.1f}", f"{r['accuracy']:.4f}")
+    Console(width=120).print(t)
     if args.json_path:
         Path(args.json_path).write_text(json.dumps(results, indent=2))
 

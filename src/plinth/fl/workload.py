@@ -201,17 +201,19 @@ class FLTaskController(BaseController):
         # told by the server that the task is over.
         middles = [m for m in w.status.get("middles", [])
                    if getattr(observed.get(m["name"]), "state", None) is not State.SUCCEEDED]
-        for m in middles:
+        at = {m["name"]: _upstream(w.status, m["name"], w.status.get("address"), observed)
+              for m in middles}
+        for m in middles:  # those left out have no leaves either: they would follow no one
             name, md, mf = m["name"], d / m["name"], files / m["name"]
-            at = _upstream(w.status, name, w.status.get("address"), observed)
-            if at is not None:
-                command = [sys.executable, "-m", "plinth.cli.main", "fl", "aggregator",
-                           str(mf / "app.yaml"), "--server", at,
-                           "--clients", str(m["clients"]), "--name", name,
-                           "--token-file", str(mf / "upstream.token"), "--status-dir", str(md),
-                           "--fraction", str(w.spec.server.fraction)]
-                out.append(Unit(name, self._job(w, name, command, MIDDLE),
-                                apart_from=tuple(x["name"] for x in middles if x is not m)))
+            if at[name] is None:
+                continue
+            command = [sys.executable, "-m", "plinth.cli.main", "fl", "aggregator",
+                       str(mf / "app.yaml"), "--server", at[name],
+                       "--clients", str(m["clients"]), "--name", name,
+                       "--token-file", str(mf / "upstream.token"), "--status-dir", str(md),
+                       "--fraction", str(w.spec.server.fraction)]
+            out.append(Unit(name, self._job(w, name, command, MIDDLE), apart_from=tuple(
+                x for x, there in at.items() if there is not None and x != name)))
             out += self._leaf_units(w, name, m.get("leaf_address"), mf, observed)
         if w.status.get("round", 0) >= w.spec.server.rounds:
             # The last round is in: the units still up finish on their own, and none that
