@@ -194,8 +194,8 @@ def client(
     from plinth.fl.deploy import parse_cids, run_clients
 
     if (server is None) == (task is None):
-        raise SpecError("--server or --task: give the server's HOST:PORT, or the name of an FL "
-                        "task on the platform, not both")
+        raise SpecError("--server or --task: give one, the server's HOST:PORT or the name of "
+                        "an FL task on the platform")
     if cids is None:
         ids, by_id, what = [cid], {cid: token}, "--cid"
     else:
