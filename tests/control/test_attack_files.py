@@ -130,8 +130,7 @@ def test_links_and_fifos_in_the_tenants_folder_send_no_write_of_roots_anywhere(p
             for folder in (files, files.parent):
                 st = os.lstat(folder)
                 assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (0, 0o750), (folder, st)
-            address = w["status"]["address"]
-            clients = [start_client(spec, address, i) for i in range(2)]
+            clients = [start_client(spec, p, i, p.tenant_token) for i in range(2)]
             wait_for(lambda: c.workload(w["name"])["state"] != "active", 300, "the task to end")
             done = c.workload(w["name"])
             assert done["state"] == "succeeded", done

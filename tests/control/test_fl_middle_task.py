@@ -53,11 +53,15 @@ def run_middle_task(tmp_path: Path, wait_for, *extra: str, fake_gpus: str | None
     spec.write_text(yaml.safe_dump(doc))
     with task_platform(tmp_path, spec, *extra, clients=0, fake_gpus=fake_gpus) as (p, clients):
         c = p.client()
-        st = c.workload("digits-fl")["status"]
-        middles = st["middles"]
-        assert [m["clients"] for m in middles] == [2, 2]
-        clients += [start_client(spec, middles[cid % MIDDLES]["address"], cid)
-                    for cid in range(CLIENTS)]
+        assert [m["clients"] for m in c.workload("digits-fl")["status"]["middles"]] == [2, 2]
+        # each client asks the control plane for its middle's address, once it is reported
+        clients += [start_client(spec, p, cid) for cid in range(CLIENTS)]
+
+        def reported() -> list[dict] | None:
+            ms = c.workload("digits-fl")["status"]["middles"]
+            return ms if all(m.get("address") for m in ms) else None
+
+        middles = wait_for(reported, 180, "the middles to report their addresses")
         shown = cli(p, "show", "digits-fl")
         assert shown.returncode == 0, shown.stderr
         for m in middles:
@@ -169,10 +173,17 @@ def test_after_the_last_round_no_unit_that_ended_is_started_again(tmp_path):
     spec.write_text(yaml.safe_dump(doc))
     ctl = FLTaskController()
     w = Workload(1, "FLTask", "digits-fl", "default", load_spec(spec))
-    ctl.start(w, LocalContext(tmp_path / "w"))
+    ctx = LocalContext(tmp_path / "w")
+    ctl.start(w, ctx)
     node = {"server": "a", "middle-0": "a", "middle-1": "b"}
-    names = [u.name for u in ctl.units(w, {}, 0.0)]
-    observed = {n: Observed(n, i + 1, State.RUNNING, node.get(n) or node[n.split(".")[0]])
+    observed: dict[str, Observed] = {}
+    for unit in ("server", "middle-0", "middle-1"):  # each runs, and reports where it listens
+        assert unit in [u.name for u in ctl.units(w, observed, 0.0)]
+        observed[unit] = Observed(unit, len(observed) + 1, State.RUNNING, node[unit])
+        ctl.report(w, unit, ctl.report_model(w, unit)(
+            address=f"10.0.0.{len(observed)}:4000", leaf_address="127.0.0.1:5000"), ctx)
+    names = [u.name for u in ctl.units(w, observed, 0.0)]
+    observed = {n: observed.get(n) or Observed(n, i + 10, State.RUNNING, node[n.split(".")[0]])
                 for i, n in enumerate(names)}
     observed["middle-0.leaf-0"] = Observed("middle-0.leaf-0", 99, State.SUCCEEDED, "a")
     # (its middle closed it)

@@ -44,14 +44,18 @@ def app(tmp_path: Path, clients: int = 2, **extra) -> Path:
     return p
 
 
-def start_client(spec: Path, address: str, cid: int) -> subprocess.Popen:
-    """`plinth fl client` for partition `cid`, with its token from the app's tokens.txt."""
+def start_client(spec: Path, p: Platform, cid: int, api_token: str | None = None
+                 ) -> subprocess.Popen:
+    """`plinth fl client --task digits-fl` for partition `cid`, with its token from the app's
+    tokens.txt: it asks the control plane `p` (with `api_token`, else the admin's) where its
+    server (or middle aggregator) is, and again whenever it loses it."""
     tokens = (spec.parent / "tokens.txt").read_text().split("\n")
     return subprocess.Popen(
-        [sys.executable, "-m", "plinth.cli.main", "fl", "client", str(spec), "--server",
-         address, "--cid", str(cid), "--token", tokens[cid].split()[1]],
+        [sys.executable, "-m", "plinth.cli.main", "fl", "client", str(spec), "--task",
+         "digits-fl", "--cid", str(cid), "--token", tokens[cid].split()[1]],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-        env={**os.environ, "OMP_NUM_THREADS": "1"})
+        env={**os.environ, "OMP_NUM_THREADS": "1", "PLINTH_SERVER": p.url,
+             "PLINTH_TOKEN": api_token or p.token})
 
 
 @contextlib.contextmanager
@@ -65,8 +69,7 @@ def task_platform(tmp_path: Path, spec: Path, *extra: str, clients: int = 2,
     try:
         out = cli(p, "submit", str(spec))
         assert out.returncode == 0 and "Submitted FLTask digits-fl" in out.stdout, out.stderr
-        address = p.client().workload("digits-fl")["status"]["address"]
-        procs += [start_client(spec, address, i) for i in range(clients)]
+        procs += [start_client(spec, p, i) for i in range(clients)]
         yield p, procs
         for proc in procs:
             proc.wait(120)
@@ -158,11 +161,11 @@ def test_one_client_process_holds_several_clients_each_proven_by_its_own_token(t
     with task_platform(tmp_path, spec, clients=0) as (p, procs):
         c = p.client()
         procs.append(subprocess.Popen(
-            [sys.executable, "-m", "plinth.cli.main", "fl", "client", str(spec), "--server",
-             c.workload("digits-fl")["status"]["address"], "--cids", "0-3", "--tokens",
-             str(tmp_path / "tokens.txt")],
+            [sys.executable, "-m", "plinth.cli.main", "fl", "client", str(spec), "--task",
+             "digits-fl", "--cids", "0-3", "--tokens", str(tmp_path / "tokens.txt")],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            env={**os.environ, "OMP_NUM_THREADS": "1"}))
+            env={**os.environ, "OMP_NUM_THREADS": "1", "PLINTH_SERVER": p.url,
+                 "PLINTH_TOKEN": p.token}))
         wait_for(lambda: c.workload("digits-fl")["state"] != "active", 300, "the task to end")
         done = c.workload("digits-fl")
         assert done["state"] == "succeeded", done

@@ -96,7 +96,7 @@ def test_a_tree_task_resizes_its_leaf_units_and_survives_its_control_plane_and_a
         wait_for(lambda: tree().get("round", 0) >= 2, 180, "a round of the first 3 clients")
         held = hold()
         address, leaf_port = status()["address"], int(status()["leaf_address"].split(":")[1])
-        clients += [start_client(spec, address, i) for i in range(FIRST, CLIENTS)]
+        clients += [start_client(spec, p, i) for i in range(FIRST, CLIENTS)]
         assert leaf_units_listed(p) == ["leaf-0", "leaf-1"]
         port = int(address.rsplit(":", 1)[1])  # one connection a client
         wait_for(lambda: joined(port) >= CLIENTS, 300, "the other 7 clients to join")

@@ -18,6 +18,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from bed import Bed
 
@@ -154,7 +155,7 @@ class PlinthBed:
         env = {**self.env, "PLINTH_SERVER": self.server, "PLINTH_TOKEN": self.token}
         return self.bed.sh(host, [PLINTH, *args], env=env, check=check, timeout=timeout)
 
-    def api(self, host: str, path: str) -> object:
+    def api(self, host: str, path: str) -> Any:
         """GET `path` of the control plane's API from `host`, with the admin's token; its
         JSON (e.g. /v1/workloads/NAME: a service's status and units)."""
         code = ("import httpx, os, sys; r = httpx.get(os.environ['PLINTH_SERVER'] + sys.argv[1], "

@@ -459,13 +459,13 @@ def test_fl_page_shows_a_live_task_to_its_tenant_only(platform, world, browser, 
     tenants_own(tokens)
     reachable(tmp_path)
     with platform.client() as a:
-        task = a.submit_workload(app)
-        # its server, then the tree's leaf units beside it
-        _until(lambda: {u["unit"]: u["state"] for u in a.workload("live-fl")["units"]}.get(
-            "server") == "running", 120)
+        a.submit_workload(app)
+        # its server, which reports where it listens, then the tree's leaf units beside it
+        _until(lambda: a.workload("live-fl")["status"].get("address"), 120)
         clients = [subprocess.Popen(
             [sys.executable, "-m", "plinth.cli.main", "fl", "client", str(app), "--server",
-             task["status"]["address"], "--cid", str(i), "--token", line.split()[1]],
+             a.workload("live-fl")["status"]["address"], "--cid", str(i), "--token",
+             line.split()[1]],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
             for i, line in enumerate(tokens.read_text().splitlines())]
         try:

@@ -145,8 +145,9 @@ def _transport_overrides(tokens: str | None, tls: str | None) -> dict:
 @app.command()
 def server(
     app_yaml: Annotated[str, typer.Argument(metavar="APP.yaml", help="FL app spec.")],
-    address: Annotated[str, typer.Option(help="Listen on HOST:PORT (0.0.0.0:PORT for every "
-                                              "interface).")] = "127.0.0.1:8080",
+    address: Annotated[str | None, typer.Option(
+        help="Listen on HOST:PORT (0.0.0.0:PORT for every interface). Default: 127.0.0.1:8080; "
+             "as a unit of the platform, its node's address on a free port.")] = None,
     rounds: Annotated[int | None, typer.Option(min=1, help="Rounds (default: the app's).")] = None,
     checkpoint: Annotated[str | None, typer.Option(help="Checkpoint folder.")] = None,
     resume: Annotated[bool, typer.Option(help="Resume from the checkpoint folder.")] = False,
@@ -178,7 +179,13 @@ def server(
 @app.command()
 def client(
     app_yaml: Annotated[str, typer.Argument(metavar="APP.yaml", help="FL app spec.")],
-    server: Annotated[str, typer.Option("--server", help="The server's HOST:PORT.")],
+    server: Annotated[str | None, typer.Option("--server", help="The server's HOST:PORT.")]
+        = None,
+    task: Annotated[str | None, typer.Option(
+        "--task", help="Or join the FL task of this name on the platform: its server's "
+                       "address (or the middle aggregator's of this client) comes from the "
+                       "control plane ($PLINTH_SERVER, $PLINTH_TOKEN), and again if the "
+                       "server moves.")] = None,
     cid: Annotated[int, typer.Option(min=0, help="This client's data partition.")] = 0,
     clients: Annotated[int | None, typer.Option(min=1, help="Partitions (data.clients).")] = None,
     token: Annotated[str | None, typer.Option(help="Token (or $PLINTH_FL_TOKEN).")] = None,
@@ -194,16 +201,47 @@ def client(
     import plinth.control.kinds  # noqa: F401  # registers the kinds: see the docstring
     from plinth.fl.deploy import parse_cids, run_clients
 
+    if (server is None) == (task is None):
+        raise SpecError("--server or --task: give one, the server's HOST:PORT or the name of "
+                        "an FL task on the platform")
     if cids is None:
         ids, by_id, what = [cid], {cid: token}, "--cid"
     else:
         if token is not None or cid != 0:
             raise SpecError("--cids: give --cids with --tokens, or --cid with --token, not both")
         (ids, by_id), what = parse_cids(cids, tokens), "--cids"
-    ran = run_clients(app_yaml, server=server, cids=ids, clients=clients, tokens=by_id,
+    ran = run_clients(app_yaml, server=server, locate=_task_locator(task) if task else None,
+                      cids=ids, clients=clients, tokens=by_id,
                       overrides=_transport_overrides(None, tls), what=what)
     who = f"client {ids[0]}" if len(ids) == 1 else f"clients {cids}"
     console.print(f"{who}: {ran} tasks done; the server has finished")
+
+
+def _task_locator(task: str):
+    """Where client `cid` of the FL task `task` connects, as the control plane says (None
+    while it does not know). The task must exist; later failures to ask (the control plane
+    restarting) read as not known yet."""
+    import logging
+
+    from plinth.client import ApiError, Client
+    from plinth.fl.workload import client_address
+
+    api = Client()
+    try:
+        kind = api.workload(task)["kind"]
+    except ApiError as e:
+        raise SpecError(f"--task: {e}") from None
+    if kind != "FLTask":
+        raise SpecError(f"--task: {task!r} is a {kind}, not an FLTask")
+
+    def locate(cid: int) -> str | None:
+        try:
+            return client_address(api.workload(task)["status"], cid)
+        except PlinthError as e:
+            logging.getLogger("plinth.fl").warning("--task %s: %s", task, e)
+            return None
+
+    return locate
 
 
 @app.command()
@@ -227,8 +265,9 @@ def aggregator(
     app_yaml: Annotated[str, typer.Argument(metavar="APP.yaml", help="FL app spec.")],
     server: Annotated[str, typer.Option("--server", help="The upstream server's HOST:PORT.")],
     clients: Annotated[int, typer.Option(min=1, help="Clients to wait for before joining.")],
-    address: Annotated[str, typer.Option(help="Listen for this machine's clients on "
-                                                "HOST:PORT.")] = "127.0.0.1:8081",
+    address: Annotated[str | None, typer.Option(
+        help="Listen for this machine's clients on HOST:PORT. Default: 127.0.0.1:8081; as a "
+             "unit of the platform, its node's address on a free port.")] = None,
     name: Annotated[str, typer.Option(help="This aggregator's client id upstream.")] =
         "aggregator",
     token: Annotated[str | None, typer.Option(help="Upstream token (or $PLINTH_FL_TOKEN).")]

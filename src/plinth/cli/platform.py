@@ -330,14 +330,15 @@ def show_workload(w: dict) -> None:
     if st.get("tuned"):  # a tuned service: which share's records its replicas run
         console.print(f"tuned: {st.pop('tuned')}", highlight=False)
     if w["kind"] == "FLTask":
-        console.print(f"clients connect to {st.pop('address', '?')}; round "
+        where = st.pop("address", None) or "- (the server has not reported its address)"
+        console.print(f"clients connect to {where}; round "
                       f"{st.pop('round', 0)} of {st.pop('rounds', '?')}; last round: "
                       f"{st.pop('participants', 0)} participants, {st.pop('updates', 0)} "
                       f"updates, {st.pop('failures', 0)} failures", highlight=False)
         for m in st.pop("middles", []):  # LIFL's per-node aggregators
             console.print(f"  {m['name']}: clients with cid mod {len(w['status']['middles'])} "
                           f"= {m['name'].rsplit('-', 1)[1]} ({m['clients']}) connect to "
-                          f"{m['address']}", highlight=False)
+                          f"{m.get('address') or '- (not reported yet)'}", highlight=False)
         if st.get("epsilon") is not None:
             console.print(f"privacy: ε {st.pop('epsilon'):.3g} spent of "
                           f"{st.pop('epsilon_budget', None) or '?'}", highlight=False)
@@ -346,7 +347,8 @@ def show_workload(w: dict) -> None:
             console.print("accuracy per round: " + ", ".join(
                 f"{r['round']}: -" if r["accuracy"] is None else f"{r['round']}: {r['accuracy']:.4f}"
                 for r in per_round), highlight=False)
-        st.pop("failed_server_job", None)
+        for key in ("failed_server_job", "upstream"):
+            st.pop(key, None)
     for key in ("router", "decided_at", "decisions", "units_told"):
         st.pop(key, None)
     if st:

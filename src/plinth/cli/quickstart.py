@@ -197,8 +197,9 @@ def submit_fl_task(c: Client, home: Path) -> tuple[dict, list[threading.Thread]]
     client joins the task's server over gRPC with its own token (on threads of this process,
     as remote parties would from their own machines)."""
     from plinth.core.spec import load_spec
-    from plinth.fl.deploy import run_client
+    from plinth.fl.deploy import run_clients
     from plinth.fl.transport.certs import write_tokens
+    from plinth.fl.workload import client_address
 
     spec = load_spec(FL_TASK)
     n = spec.data.clients
@@ -208,9 +209,12 @@ def submit_fl_task(c: Client, home: Path) -> tuple[dict, list[threading.Thread]]
         update={"tokens": str(tokens)})})
     task = c.submit_workload(spec, base=FL_TASK.parent)
     lines = [line.split() for line in tokens.read_text().splitlines()]
-    threads = [threading.Thread(target=run_client, args=(str(FL_TASK),), daemon=True,
-                                kwargs={"server": task["status"]["address"], "cid": int(cid),
-                                        "clients": n, "token": token})
+    def locate(cid: int) -> str | None:  # the server's address, once it has reported it
+        return client_address(c.workload(task["name"])["status"], cid)
+
+    threads = [threading.Thread(target=run_clients, args=(str(FL_TASK),), daemon=True,
+                                kwargs={"locate": locate, "cids": [int(cid)], "clients": n,
+                                        "tokens": {int(cid): token}})
                for cid, token in lines]
     for t in threads:
         t.start()

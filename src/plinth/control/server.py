@@ -112,10 +112,9 @@ def build(cfg: ServerConfig, lease: Lease) -> tuple[ControlPlane, Auth]:
         raise SpecError("--serve-tick and --serve-minute: must be > 0 seconds")
     service = {"policy": cfg.serve_policy, "tick_s": cfg.serve_tick_s,
                "minute_s": cfg.serve_minute_s}
-    fl_host = cfg.host if _loopback(cfg.host) else "0.0.0.0"
     cp = ControlPlane(store, runtime, home=cfg.home, policy=cfg.policy, config=config,
                       grace_s=cfg.grace_s, jobs_dir=cfg.tenant_jobs_dir,
-                      kinds={"Service": service, "FLTask": {"host": fl_host}})
+                      kinds={"Service": service})
     lock_down(cfg.home, cfg.tenant_jobs_dir)
     holder.append(cp)
     return cp, auth

@@ -1,7 +1,13 @@
 """`plinth fl server`, `plinth fl client` and `plinth fl aggregator`: the same app over real gRPC,
 one process each.
 
-Safe by default: a server listens on loopback unless given another address, refuses to start
+On the platform (an FLTask's units), a server or middle aggregator listens on its node's
+address (PLINTH_NODE_ADDRESS) on a free port, binds its leaves' loopback address too, and
+reports both to the task's controller before anything else (`plinth.fl.reports`); the
+controller starts what connects to it only then. Its clients find it through the control plane
+(`run_clients(locate=...)`, `plinth fl client --task`), again whenever they lose it.
+
+Safe by default: a server run by hand listens on loopback unless given another address, refuses to start
 without client tokens (`transport.tokens` or `--tokens`; `--no-tokens` for a trusted network),
 takes TLS from one flag (`--tls DIR`, a `plinth fl certs DIR` pair), and warns when it listens
 beyond loopback in plaintext. Seeded DP noise (`noise: numpy`) is refused on this path: every
@@ -10,31 +16,53 @@ party holds the app's seed.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import logging
 import os
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from plinth.core.errors import SpecError
+from plinth.core.net import advertised, node_address
+from plinth.core.runtime import NODE_ADDRESS
+from plinth.fl.aggregate.leaf_link import LeafRegistry
 from plinth.fl.app import AppSpec, load_app
 from plinth.fl.checkpoint import Checkpointer
-from plinth.fl.reports import RoundReports
 from plinth.fl.client import AppClients
+from plinth.fl.reports import RoundReports
 from plinth.fl.results import summary
 from plinth.fl.rounds import initial_model, serve_rounds
 from plinth.fl.server import RoundRecord
-from plinth.fl.transport.grpc import GrpcClient, GrpcTransport, load_tokens, parse_address, read_pem
+from plinth.fl.transport.grpc import (
+    LOCATE_S,
+    GrpcClient,
+    GrpcTransport,
+    load_tokens,
+    parse_address,
+    read_pem,
+)
 from plinth.runtime.report import Reporter
 
 log = logging.getLogger("plinth.fl.deploy")
 SECAGG_MAX_CLIENTS = 1 << 15  # SecAgg+'s default fixed point (clip 1, scale 2^16) sums 32,767
 
 
-def run_server(app_path: str, *, address: str, rounds: int | None = None, resume: bool = False,
-               overrides: dict[str, Any] | None = None,
+def listen_address(address: str | None, port: int) -> str:
+    """Where to listen: `address`, else on the platform this node's address
+    (PLINTH_NODE_ADDRESS) on a free port, else loopback on `port` (a process run by hand)."""
+    if address is not None:
+        return address
+    if NODE_ADDRESS in os.environ:
+        return advertised(node_address(), 0)
+    return f"127.0.0.1:{port}"
+
+
+def run_server(app_path: str, *, address: str | None = None, rounds: int | None = None,
+               resume: bool = False, overrides: dict[str, Any] | None = None,
                on_round: Callable[[RoundRecord], None] | None = None,
                on_listen: Callable[[AppSpec, int], None] | None = None,
                require_tokens: bool = True) -> dict[str, Any]:
@@ -44,10 +72,7 @@ def run_server(app_path: str, *, address: str, rounds: int | None = None, resume
         raise SpecError(f"{app_path}: server.aggregation.middles: only an FLTask's controller "
                         f"starts middle aggregators; by hand, start `plinth fl aggregator` on "
                         f"each machine and leave middles out")
-    ckpt = Checkpointer(spec.resolve(spec.checkpoint_dir),
-                        RoundReports(Reporter.from_env(), server=True)) \
-        if spec.checkpoint_dir else None
-    if resume and ckpt is None:
+    if resume and not spec.checkpoint_dir:
         raise SpecError("--resume needs checkpoint_dir in the app or --checkpoint")
     consent = None
     if spec.consent is not None:
@@ -55,18 +80,54 @@ def run_server(app_path: str, *, address: str, rounds: int | None = None, resume
 
         consent = ConsentService(spec.resolve(spec.consent.registry) or "",
                                  spec.consent.purpose, wall=time.time).handle
+    address = listen_address(address, 8080)
     # the transport's checks (tokens, TLS) come before the model is built, so they fail fast
     transport = _listen(spec, app_path, address, require_tokens=require_tokens, consent=consent)
+    reports = RoundReports(Reporter.from_env(), server=True)
+    leaves = None
     try:
+        leaves = leaf_registry(spec)
+        reports.listening(advertised(parse_address(address, any_port=True)[0], transport.port),
+                          leaves.address if leaves is not None else None)
+        ckpt = Checkpointer(spec.resolve(spec.checkpoint_dir), reports) \
+            if spec.checkpoint_dir else None
         model, params = initial_model(spec)
         if on_listen is not None:
             on_listen(spec, transport.port)
     except BaseException:
         transport.close()
+        if leaves is not None:
+            leaves.close()
+        reports.close()
         raise
-    server, records = serve_rounds(spec, transport, model, params, ckpt=ckpt, resume=resume,
-                                   on_round=on_round)
+    try:  # it closes the transport, the tree and the checkpoint
+        server, records = serve_rounds(spec, transport, model, params, ckpt=ckpt,
+                                       resume=resume, on_round=on_round, leaves=leaves)
+    finally:
+        if leaves is not None:
+            leaves.close()
+        reports.close()
     return summary(spec, records, len(transport.clients()), server.stopped)
+
+
+def leaf_registry(spec: AppSpec) -> LeafRegistry | None:
+    """With `server.aggregation.leaf_listen` (a tree whose leaves are started elsewhere: the
+    runtime's leaf units), the address they join, listening now (port 0: a free one), so that
+    it can be reported before the tree is built; else None."""
+    agg = spec.server.aggregation
+    if agg.mode != "tree" or agg.leaf_listen is None:
+        return None
+    path = spec.resolve(agg.leaf_token_file) or ""
+    try:
+        token = Path(path).read_bytes().strip()
+    except OSError as e:
+        raise SpecError(f"server.aggregation.leaf_token_file: cannot read {path} "
+                        f"({e.strerror})") from None
+    try:
+        return LeafRegistry(agg.leaf_listen, token)
+    except OSError as e:
+        raise SpecError(f"server.aggregation.leaf_listen: cannot listen on {agg.leaf_listen} "
+                        f"({e.strerror})") from None
 
 
 def is_loopback(host: str) -> bool:
@@ -119,8 +180,10 @@ def _listen(spec: AppSpec, app_path: str, address: str, *, require_tokens: bool 
 
 
 def _dial(spec: AppSpec, server: str, client_id: str, token: str | None,
-          properties: dict[str, Any]) -> GrpcClient:
-    """The client end of the app's transport, dialling `server` (its CA, a token)."""
+          properties: dict[str, Any], locate: Callable[[], str | None] | None = None
+          ) -> GrpcClient:
+    """The client end of the app's transport, dialling `server` (its CA, a token); with
+    `locate`, finding the server again where it says when it is lost."""
     t = spec.transport
     ca = None
     if t.tls is not None and t.tls.ca:
@@ -129,10 +192,10 @@ def _dial(spec: AppSpec, server: str, client_id: str, token: str | None,
     # With a token the server knows who we are; without one, `client_id` is our id.
     return GrpcClient(server, client_id=t.client_id or ("" if token else client_id),
                       token=token, ca=ca, properties=properties, chunk_size=t.chunk_size,
-                      connect_timeout=t.connect_timeout)
+                      connect_timeout=t.connect_timeout, locate=locate)
 
 
-def run_aggregator(app_path: str, *, server: str, address: str, clients: int, name: str,
+def run_aggregator(app_path: str, *, server: str, address: str | None, clients: int, name: str,
                    token: str | None = None, status_dir: str | None = None,
                    fraction: float = 1.0,
                    on_listen: Callable[[int], None] | None = None,
@@ -152,9 +215,15 @@ def run_aggregator(app_path: str, *, server: str, address: str, clients: int, na
         raise SpecError(f"{app_path}: an aggregator forwards one mean per machine; SecAgg, DP, "
                         f"robust rules and consent need each client's update at the server")
     agg = spec.server.aggregation
+    address = listen_address(address, 8081)
     downstream = _listen(spec, app_path, address, require_tokens=require_tokens)
-    middle = None
+    reports = RoundReports(Reporter.from_env(), server=False)
+    middle = leaves = None
     try:
+        leaves = leaf_registry(spec)
+        reports.listening(advertised(parse_address(address, any_port=True)[0],
+                                     downstream.port),
+                          leaves.address if leaves is not None else None)
         if on_listen is not None:
             on_listen(downstream.port)
         # its own stragglers are cut a little before the server's deadline for its reply
@@ -164,16 +233,18 @@ def run_aggregator(app_path: str, *, server: str, address: str, clients: int, na
                                   threads=spec.server.aggregation_threads,
                                   fraction=fraction,
                                   aggregation=agg if agg.mode == "tree" else None,
-                                  status=Checkpointer(status_dir, RoundReports(
-                                      Reporter.from_env(), server=False))
-                                  if status_dir else None)
+                                  status=Checkpointer(status_dir, reports)
+                                  if status_dir else None, leaves=leaves)
         examples = middle.wait_for_clients()
         up = _dial(spec, server, name, token, {"num_examples": examples, "aggregator": True})
         return up.serve(middle.handle)
     finally:
         if middle is not None:
             middle.close()
+        if leaves is not None:
+            leaves.close()
         downstream.close()
+        reports.close()
 
 
 def run_client(app_path: str, *, server: str, cid: int, clients: int | None = None,
@@ -183,14 +254,22 @@ def run_client(app_path: str, *, server: str, cid: int, clients: int | None = No
                        tokens={cid: token}, overrides=overrides)
 
 
-def run_clients(app_path: str, *, server: str, cids: list[int], clients: int | None = None,
-                tokens: dict[int, str | None], overrides: dict[str, Any] | None = None,
-                what: str = "--cid") -> int:
+def run_clients(app_path: str, *, server: str | None = None,
+                locate: Callable[[int], str | None] | None = None, cids: list[int],
+                clients: int | None = None, tokens: dict[int, str | None],
+                overrides: dict[str, Any] | None = None, what: str = "--cid") -> int:
     """Serve clients `cids` of the app (data partitions of `clients`) until the server ends:
     one process holding several partitions (a site with several data owners, or many clients
     on one machine), each its own client over its own connection, proven by its own token.
-    The data and the model code load once. Returns the tasks run, all clients together."""
-    parse_address(server)  # a typo fails now, not after the data has loaded
+    The data and the model code load once. Returns the tasks run, all clients together.
+
+    Each joins `server`, or where `locate(cid)` says its server is (None: not known yet), as
+    `plinth fl client --task` asks the control plane: it waits for that, and asks again
+    whenever it loses its server."""
+    if (server is None) == (locate is None):
+        raise SpecError("--server or --task: give one of them")
+    if server is not None:
+        parse_address(server)  # a typo fails now, not after the data has loaded
     spec = load_app(app_path, overrides)
     refuse_seeded_noise(spec, app_path, "plinth fl client")
     n = clients or spec.data.clients
@@ -202,9 +281,12 @@ def run_clients(app_path: str, *, server: str, cids: list[int], clients: int | N
     torch.set_num_threads(1)
     app_clients = AppClients(spec, n)
     sizes = app_clients.sizes()
-    served = [(app_clients.runner(cid),
-               _dial(spec, server, str(cid), tokens.get(cid), {"num_examples": sizes[cid]}))
-              for cid in cids]
+    served = []
+    for cid in cids:
+        find = None if locate is None else functools.partial(locate, cid)
+        where = server if find is None else located(find, spec.transport.connect_timeout)
+        served.append((app_clients.runner(cid), _dial(
+            spec, where, str(cid), tokens.get(cid), {"num_examples": sizes[cid]}, find)))
     if len(served) == 1:
         runner, client = served[0]
         return client.serve(runner.handle)
@@ -226,6 +308,21 @@ def run_clients(app_path: str, *, server: str, cids: list[int], clients: int | N
     if errors:
         raise errors[0]
     return sum(ran)
+
+
+def located(locate: Callable[[], str | None], timeout: float) -> str:
+    """Where `locate` says the server is, asking every LOCATE_S for up to `timeout` seconds
+    (a task's server reports its address once it is placed and listening)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        where = locate()
+        if where:
+            parse_address(where, "--task")
+            return where
+        if time.monotonic() >= deadline:
+            raise SpecError(f"--task: the task's server reported no address within "
+                            f"{timeout:g}s (transport.connect_timeout)")
+        time.sleep(LOCATE_S)
 
 
 def parse_cids(text: str, tokens_path: str | None) -> tuple[list[int], dict[int, str | None]]:

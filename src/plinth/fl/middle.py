@@ -27,6 +27,7 @@ from typing import Any
 
 from plinth.core.errors import PlinthError
 from plinth.fl import serde
+from plinth.fl.aggregate.leaf_link import LeafRegistry
 from plinth.fl.app import AggregationSpec, ServerSpec
 from plinth.fl.checkpoint import Checkpointer
 from plinth.fl.messages import (
@@ -80,7 +81,8 @@ class MiddleAggregator:
     def __init__(self, downstream: Any, *, clients: int, straggler_timeout: float = 600.0,
                  wait_timeout: float = 600.0, threads: int = 1, fraction: float = 1.0,
                  aggregation: AggregationSpec | None = None,
-                 status: Checkpointer | None = None) -> None:
+                 status: Checkpointer | None = None,
+                 leaves: LeafRegistry | None = None) -> None:
         if clients < 1:
             raise PlinthError(f"--clients: an aggregator needs at least 1 client (got {clients})")
         self.downstream, self.clients = downstream, clients
@@ -89,13 +91,13 @@ class MiddleAggregator:
         # each task; once `clients` have joined (see `wait_for_clients`), a task runs on
         # whoever is still there. With `aggregation` in tree mode, the machine's leaves fold
         # them (the round's shape goes to `status`, which reports to the task's controller how
-        # many leaf units to keep).
+        # many leaf units to keep); its leaf units join at `leaves` (see `Server`).
         if not 0.0 < fraction <= 1.0:
             raise PlinthError(f"--fraction: {fraction:g} is not in (0, 1]")
         cfg = ServerSpec(fraction=fraction, min_clients=1, min_available=1,
                          straggler_timeout=straggler_timeout, wait_timeout=wait_timeout,
                          aggregation_threads=threads, aggregation=aggregation or AggregationSpec())
-        self.server = Server(self.relay, downstream, cfg, checkpoint=status)
+        self.server = Server(self.relay, downstream, cfg, checkpoint=status, leaves=leaves)
 
     def close(self) -> None:
         """Stop what its server started (the machine's aggregator tree)."""

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from plinth.fl.aggregate.leaf_link import LeafRegistry
 from plinth.fl.app import AppSpec, load_code
 from plinth.fl.checkpoint import Checkpointer
 from plinth.fl.data import load_source
@@ -77,10 +78,12 @@ def serve_rounds(spec: AppSpec, transport: Any, model: Any, params: NDArrays, *,
                  ckpt: Checkpointer | None, resume: bool,
                  on_round: Callable[[RoundRecord], None] | None,
                  on_start: Callable[[AppSpec, int], None] | None = None,
-                 simulated: bool = False) -> tuple[Server, list[RoundRecord]]:
+                 simulated: bool = False, leaves: LeafRegistry | None = None
+                 ) -> tuple[Server, list[RoundRecord]]:
     """The server's whole life on a transport: build it with the app's strategy, evaluator and
     safeguards, resume or start, run the rounds, and close the transport, the safeguards, the
-    server (its aggregator tree) and the checkpoint whatever happens."""
+    server (its aggregator tree) and the checkpoint whatever happens. `leaves`: where the
+    tree's leaf units join (see `Server`)."""
     strategy = make_strategy(spec.strategy.name, spec.strategy.options)
     guard = make_safeguards(spec, simulated=simulated)
     server = None
@@ -88,7 +91,7 @@ def serve_rounds(spec: AppSpec, transport: Any, model: Any, params: NDArrays, *,
         server = Server(strategy, transport, spec.server, seed=spec.seed,
                         evaluate=central_evaluator(spec, model)
                         if spec.server.evaluate == "central" else None, checkpoint=ckpt,
-                        safeguards=guard)
+                        safeguards=guard, leaves=leaves)
         server.initialize(params, resume=resume)
         if on_start is not None:
             on_start(spec, server.start_round)

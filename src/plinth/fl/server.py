@@ -33,6 +33,7 @@ from plinth.core.errors import PlinthError
 from plinth.fl import serde
 from plinth.fl.aggregate.accumulator import Accumulator, Template, UpdateRejected, template_of
 from plinth.fl.aggregate.engine import StreamingAggregator
+from plinth.fl.aggregate.leaf_link import LeafRegistry
 from plinth.fl.aggregate.tree import TreeAggregation
 from plinth.fl.app import ServerSpec
 from plinth.fl.checkpoint import Checkpointer
@@ -80,8 +81,12 @@ class Server:
                  seed: int = 0, evaluate: Evaluate | None = None,
                  checkpoint: Checkpointer | None = None,
                  clock: Callable[[], float] = time.monotonic,
-                 safeguards: Safeguards | None = None) -> None:
+                 safeguards: Safeguards | None = None,
+                 leaves: LeafRegistry | None = None) -> None:
         self.strategy, self.transport, self.cfg = strategy, transport, cfg
+        # where the tree's external leaves join, bound by the unit before the server (its
+        # address is reported first); None: at `cfg.aggregation.leaf_listen`, if any
+        self.leaves = leaves
         self.seed, self.evaluate, self.checkpoint, self.clock = seed, evaluate, checkpoint, clock
         # robust rules, DP, SecAgg, consent (see safeguards.py); None: plain streaming rounds
         self.safeguards = safeguards if safeguards is not None and safeguards.active else None
@@ -130,7 +135,8 @@ class Server:
         if self.tree is None or not self.tree.fits(params):
             self.close()
             self.tree = TreeAggregation.from_spec(agg, params,
-                                                  threads=self.cfg.aggregation_threads)
+                                                  threads=self.cfg.aggregation_threads,
+                                                  registry=self.leaves)
         return self.tree.begin(params, expected, r)
 
     # -- running --------------------------------------------------------------------------------

@@ -97,15 +97,17 @@ class Hierarchy:
     join at that address (`leaf.join`), started by the runtime. `scale` then activates up to
     that many of the joined leaves (waiting `join_timeout` only when none is active) and keeps
     the others warm on standby; a leaf that dies is replaced by a standby one if there is one.
+    `listen` may be a `LeafRegistry` already listening (bound before the tree, so that its
+    address is known, and kept by its owner across trees): the tree uses it and leaves it open.
     """
 
     def __init__(self, template: NDArrays | list, *, leaves: int = 4, threads: int = 1,
                  slots: int | None = None, stall_timeout: float = 60.0,
-                 listen: str | None = None, token: bytes | None = None,
+                 listen: str | LeafRegistry | None = None, token: bytes | None = None,
                  join_timeout: float = 60.0, keep_warm: int = 1) -> None:
         from plinth.fl.aggregate.engine import acc_dtype
 
-        if listen is not None and not token:
+        if isinstance(listen, str) and not token:
             raise PlinthError("hierarchy: external leaves need the task's token")
 
         self.template = template_of(template)
@@ -131,9 +133,12 @@ class Hierarchy:
         self.replaced = 0  # leaves that died (replaced where one was at hand)
         self.join_timeout, self.keep_warm = join_timeout, keep_warm
         self._standby: list[LeafLink] = []  # warm leaves outside this round (reused first)
-        self._registry = [] if listen is None else [LeafRegistry(listen, token or b"")]
-        self._finalizer = weakref.finalize(self, shutdown, self._leaves, self._slots,
-                                           self._registry, self._standby)
+        if isinstance(listen, LeafRegistry):
+            self._registry, owned = [listen], []
+        else:
+            self._registry = owned = [] if listen is None else [LeafRegistry(listen, token or b"")]
+        self._finalizer = weakref.finalize(self, shutdown, self._leaves, self._slots, owned,
+                                           self._standby)
         try:
             self.scale(leaves)
         except PlinthError:

@@ -31,6 +31,7 @@ from plinth.core.errors import PlinthError
 from plinth.fl.aggregate.accumulator import Accumulator, template_of, vet
 from plinth.fl.aggregate.engine import StreamingAggregator
 from plinth.fl.aggregate.hierarchy import Hierarchy
+from plinth.fl.aggregate.leaf_link import LeafRegistry
 from plinth.fl.aggregate.sizing import TreeShape, ewma, leaf_throughput, size_tree
 from plinth.fl.messages import NDArrays
 
@@ -133,7 +134,8 @@ class TreeAggregation:
 
     def __init__(self, template: NDArrays, *, leaves: Any = "auto", max_leaves: int = 4,
                  updates_per_leaf: int = 8, fold_deadline: float = 1.0, threads: int = 1,
-                 leaf_timeout: float = 60.0, alpha: float = 0.5, listen: str | None = None,
+                 leaf_timeout: float = 60.0, alpha: float = 0.5,
+                 listen: str | LeafRegistry | None = None,
                  token: bytes | None = None, join_timeout: float = 60.0,
                  max_updates_per_leaf: int | None = None) -> None:
         self.fixed = None if leaves == "auto" else int(leaves)
@@ -148,14 +150,18 @@ class TreeAggregation:
                               listen=listen, token=token, join_timeout=join_timeout)
 
     @classmethod
-    def from_spec(cls, spec: Any, template: NDArrays, threads: int = 1) -> TreeAggregation:
+    def from_spec(cls, spec: Any, template: NDArrays, threads: int = 1,
+                  registry: LeafRegistry | None = None) -> TreeAggregation:
+        """The tree `spec` (an `AggregationSpec`) describes; its external leaves join at
+        `registry` when given (bound by the unit when it started), else at `leaf_listen`."""
         from pathlib import Path
 
-        token = None if spec.leaf_token_file is None else \
+        token = None if spec.leaf_token_file is None or registry is not None else \
             Path(spec.leaf_token_file).read_bytes().strip()
         return cls(template, leaves=spec.leaves, max_leaves=spec.max_leaves,
                    updates_per_leaf=spec.updates_per_leaf, fold_deadline=spec.fold_deadline,
-                   threads=threads, leaf_timeout=spec.leaf_timeout, listen=spec.leaf_listen,
+                   threads=threads, leaf_timeout=spec.leaf_timeout,
+                   listen=registry if registry is not None else spec.leaf_listen,
                    token=token, join_timeout=spec.leaf_join_timeout,
                    max_updates_per_leaf=spec.max_updates_per_leaf)
 

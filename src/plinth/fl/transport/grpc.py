@@ -430,17 +430,29 @@ _REFUSED = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED,
             grpc.StatusCode.RESOURCE_EXHAUSTED)
 
 
+LOCATE_S = 5.0  # with `locate`, a client that lost its server asks where it is this often
+
+
 class GrpcClient:
-    """The client end: join, then pull tasks, hand each to `handle`, push the reply back."""
+    """The client end: join, then pull tasks, hand each to `handle`, push the reply back.
+
+    `locate` (optional) says where the server is now, or None while that is not known (a
+    client of an FL task on the platform asks the control plane): a client that lost its
+    server asks it again, so that it finds a server started again elsewhere."""
 
     def __init__(self, address: str, *, client_id: str, token: str | None = None,
                  ca: bytes | None = None, properties: dict[str, Any] | None = None,
-                 chunk_size: int = 1 << 20, connect_timeout: float = 30.0) -> None:
+                 chunk_size: int = 1 << 20, connect_timeout: float = 30.0,
+                 locate: Callable[[], str | None] | None = None) -> None:
         parse_address(address)
         self.client_id, self.properties = client_id, properties or {}
         self.metadata = [("authorization", f"Bearer {token}")] if token else []
         self.chunk_size, self.connect_timeout = chunk_size, connect_timeout
-        self.channel = open_channel(address, ca, chunk_size)
+        self.ca, self.locate = ca, locate
+        self._open(address)
+
+    def _open(self, address: str) -> None:
+        self.channel = open_channel(address, self.ca, self.chunk_size)
         self.address = address
         self._join = self.channel.unary_unary(f"/{SERVICE}/Join")
         self._consent = self.channel.unary_unary(f"/{SERVICE}/Consent")
@@ -453,15 +465,37 @@ class GrpcClient:
         return PlinthError(f"{what} {self.address}: {getattr(code, 'name', code)}: {detail}")
 
     def join(self) -> dict[str, Any]:
-        hello = json.dumps({"client_id": self.client_id, "properties": self.properties}).encode()
         try:
-            reply = self._join(hello, metadata=self.metadata, wait_for_ready=True,
-                               timeout=self.connect_timeout)
+            return self._hello(self.connect_timeout)
         except grpc.RpcError as e:
             raise self._call_error(e, "--server: cannot join") from None
+
+    def _hello(self, timeout: float) -> dict[str, Any]:
+        hello = json.dumps({"client_id": self.client_id, "properties": self.properties}).encode()
+        reply = self._join(hello, metadata=self.metadata, wait_for_ready=True, timeout=timeout)
         info = json.loads(reply)
         self.client_id = info["client_id"]
         return info
+
+    def rejoin(self) -> None:
+        """Join again after the server went away, waiting up to `connect_timeout` for it; with
+        `locate`, asking every LOCATE_S where it is now, and dialling it there."""
+        if self.locate is None:
+            self.join()
+            return
+        deadline = time.monotonic() + self.connect_timeout
+        while True:
+            where = self.locate()
+            if where and where != self.address:
+                log.info("the server is at %s now (was %s)", where, self.address)
+                self.channel.close()
+                self._open(where)
+            try:
+                self._hello(max(0.1, min(LOCATE_S, deadline - time.monotonic())))
+                return
+            except grpc.RpcError as e:
+                if e.code() in _REFUSED or time.monotonic() >= deadline:
+                    raise self._call_error(e, "--server: cannot join") from None
 
     def consent(self, request: dict[str, Any]) -> dict[str, Any]:
         """Grant, revoke or list this client's consent on the server (as its token's id)."""
@@ -479,7 +513,10 @@ class GrpcClient:
         req = json.dumps({"client_id": self.client_id}).encode()
         while stop is None or not stop.is_set():
             try:
-                frames = iter(self._pull(req, metadata=self.metadata, wait_for_ready=True,
+                # A pull waits for a server that is away to come back at this address; with
+                # `locate` it fails at once instead, and the client asks where the server is.
+                frames = iter(self._pull(req, metadata=self.metadata,
+                                         wait_for_ready=self.locate is None,
                                          timeout=POLL_SECONDS * 5 + self.connect_timeout))
                 head = json.loads(next(frames))
                 if head.get("shutdown"):
@@ -494,10 +531,10 @@ class GrpcClient:
                 if e.code() in _REFUSED:
                     raise self._call_error(e, "--server: lost") from None
                 # A server that finishes says so; one that vanished may be restarting with
-                # --resume (and then does not know us yet): join again, waiting up to
-                # connect_timeout for it.
+                # --resume (and then does not know us yet), here or elsewhere: join again,
+                # waiting up to connect_timeout for it.
                 try:
-                    self.join()
+                    self.rejoin()
                 except PlinthError:
                     if ran:
                         break
