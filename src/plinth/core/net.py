@@ -42,3 +42,11 @@ def advertised(host: str, port: int, env: Mapping[str, str] = os.environ) -> str
     if host in ("0.0.0.0", "::", ""):
         host = node_address(env)
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def host_port(address: str) -> tuple[str, int]:
+    """`HOST:PORT` (IPv6 as `[::1]:PORT`) -> (host, port); ValueError naming what is wrong."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"expected HOST:PORT with a port 1-65535, got {address!r}")
+    return host.removeprefix("[").removesuffix("]"), int(port)

@@ -17,6 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from plinth.core.net import host_port
 from plinth.runtime.report import Reporter
 
 RECENT_ROUNDS = 50  # rounds a report carries, and a task's status keeps (its checkpoint has all)
@@ -54,9 +55,7 @@ class TreeReport(BaseModel):
     @classmethod
     def _address(cls, v: str | None) -> str | None:
         if v is not None:
-            host, sep, port = v.rpartition(":")
-            if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-                raise ValueError(f"expected HOST:PORT with a port 1-65535, got {v!r}")
+            host_port(v)
         return v
 
 

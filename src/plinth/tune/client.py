@@ -13,9 +13,10 @@ import os
 import time
 from pathlib import Path
 
+from plinth.core.net import host_port
 from plinth.tune.db import TunedRecords, shard_dir, write_meta
 from plinth.tune.plan import budget, parse_shard, shard, share_key
-from plinth.tune.reports import REPORT_WAIT_S, Tuned, host_port, send
+from plinth.tune.reports import REPORT_WAIT_S, Tuned, send
 
 BUILD_TIMEOUT_S = 120.0  # per candidate; a loaded 2-core machine compiles slowly
 SESSION_TIMEOUT_S = 120  # per measurement, upload and queueing for a server included

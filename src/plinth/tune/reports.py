@@ -19,18 +19,11 @@ from collections.abc import Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from plinth.core.net import host_port
 from plinth.runtime.report import Reporter
 
 _BODY = ConfigDict(extra="forbid", allow_inf_nan=False)
 REPORT_WAIT_S = 60.0  # a client's last report: long enough for a control plane that restarts
-
-
-def host_port(address: str) -> tuple[str, int]:
-    """`HOST:PORT` (IPv6 as `[::1]:PORT`) -> (host, port); ValueError naming what is wrong."""
-    host, sep, port = address.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"expected HOST:PORT with a port 1-65535, got {address!r}")
-    return host.removeprefix("[").removesuffix("]"), int(port)
 
 
 class Bound(BaseModel):

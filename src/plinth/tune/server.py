@@ -12,8 +12,8 @@ from __future__ import annotations
 import argparse
 import os
 
-from plinth.core.net import advertised, free_port, node_address
-from plinth.tune.reports import Bound, host_port, send
+from plinth.core.net import advertised, free_port, host_port, node_address
+from plinth.tune.reports import Bound, send
 from plinth.tune.tracker import PORT_RANGE, serve
 
 
