@@ -7,13 +7,18 @@ hosts), with a fourth host that is not a Ray node at first."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
-from cluster import PlinthBed, Worker
+import yaml
+from cluster import PLINTH, PlinthBed, Worker
 from conftest import wait_for
 
 pytestmark = [pytest.mark.hosts, pytest.mark.slow, pytest.mark.xdist_group("hosts")]
 PARTITION_S = 30
+LOAD = Path(__file__).parent / "load.py"
 
 
 @pytest.fixture(scope="module")
@@ -115,3 +120,71 @@ def test_a_host_that_joins_while_the_plane_runs_takes_the_next_job(faults_bed):
     log = pb.cli("h1", "logs", str(job["id"])).stdout
     assert done.returncode == 0 and job["state"] == "succeeded", log
     assert log.rstrip().endswith("h4"), log
+
+
+def test_a_host_that_dies_under_a_service_and_an_fl_task_has_their_units_replaced(
+        faults_bed):
+    """After the join above there are three worker hosts. A Service (its router and 2
+    replicas) and a tree FL task (its server, 2 middles on different hosts, their leaves) run;
+    the host of a middle that is not the server's dies mid-task. The middle is replaced on a
+    host that lives, the task goes on to its last round, and the service is back to 2 ready
+    replicas, answering."""
+    from test_fl import CLIENTS, _app
+    from test_service import SERVICE
+
+    pb = faults_bed
+    wait_for(lambda: all(f"\n {h} " in _nodes(pb) for h in ("h2", "h3", "h4")),
+             "three worker hosts")
+    (pb.shared / "svc.yaml").write_text(SERVICE.replace("name: digits", "name: svc"))
+    pb.cli("h1", "submit", str(pb.shared / "svc.yaml"))
+    name, rounds = "fl-death", 300  # a round of the tiny app takes some 0.1 s
+    app = _app(pb, name)
+    doc = yaml.safe_load(app.read_text())
+    doc["server"]["rounds"] = rounds
+    app.write_text(yaml.safe_dump(doc))
+    pb.cli("h1", "submit", str(app))
+    clients = pb.bed.run("h1", [PLINTH, "fl", "client", str(app), "--task", name, "--cids",
+                                f"0-{CLIENTS - 1}", "--tokens", str(app.parent / "tokens.txt")],
+                         env={**pb.env, "PLINTH_SERVER": pb.server, "PLINTH_TOKEN": pb.token,
+                              "OMP_NUM_THREADS": "1"},
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        units = wait_for(lambda: {u["unit"]: u["job_id"] for u in pb.api(
+            "h1", f"/v1/workloads/{name}")["units"] if u["state"] == "running"}.keys() >= {
+            "server", "middle-0", "middle-1"} and pb.api("h1", f"/v1/workloads/{name}")["units"],
+            "the server and both middles running")
+        placed = {u["unit"]: _node_of(pb, u["job_id"]) for u in units}
+        victim = next(placed[m] for m in ("middle-0", "middle-1")
+                      if placed[m] != placed["server"])
+        wait_for(lambda: pb.api("h1", f"/v1/workloads/{name}")["status"].get("round", 0) >= 1,
+                 "the FL task's first round")
+        pb.bed.kill_host(victim)
+        gone = pb.api("h1", f"/v1/workloads/{name}")["status"]["round"]
+        w = wait_for(lambda: (w := pb.api("h1", f"/v1/workloads/{name}"))["state"] != "active"
+                     and w, "the FL task to end", timeout=600)
+        out = clients.communicate(timeout=120)[0]
+    finally:
+        if clients.poll() is None:
+            clients.kill()
+    assert w["state"] == "succeeded", (w, out[-2000:])
+    assert w["status"]["round"] == rounds > gone
+    live = {u["unit"]: _node_of(pb, u["job_id"]) for u in w["units"]}
+    assert victim not in {live["middle-0"], live["middle-1"]}, live  # replaced elsewhere
+    assert live["middle-0"] != live["middle-1"], live
+    # The service: its units on the dead host replaced; 2 replicas ready again, answering.
+    svc = wait_for(lambda: (s := pb.api("h1", "/v1/workloads/svc"))["status"].get("ready") == 2
+                   and s, "the service's 2 replicas ready again")
+    running = [u for u in svc["units"] if u["state"] == "running"]
+    assert {u["unit"] for u in running} == {"router", "replica-0", "replica-1"}, svc["units"]
+    assert victim not in {_node_of(pb, u["job_id"]) for u in running}
+    got = pb.bed.sh("h1", [sys.executable, str(LOAD), svc["status"]["url"],
+                           str(pb.shared / "svc-load.json"), "--seconds", "3"], env=pb.env)
+    assert got.returncode == 0
+    codes = json.loads((pb.shared / "svc-load.json").read_text())["codes"]
+    assert set(codes) == {"200"} and codes["200"] > 0, codes
+    pb.cli("h1", "cancel", "svc")
+    pb.join(Worker(victim, rack=f"r{victim[1:]}"))
+
+
+def _node_of(pb, job_id: int) -> str:
+    return pb.api("h1", f"/v1/workloads/{job_id}")["allocation"]["slots"][0]["node_name"]
