@@ -7,6 +7,7 @@ import os
 import socket
 from collections.abc import Mapping
 
+from plinth.core.errors import PlinthError
 from plinth.core.runtime import NODE_ADDRESS
 
 
@@ -14,8 +15,22 @@ def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port that is free on `host` now, picked by the OS. Another process may take it
     before the caller binds it, so use it at once (or bind port 0 yourself where you can)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
+        try:
+            s.bind((host, 0))
+        except OSError as e:
+            raise PlinthError(f"cannot listen on {host}: {e.strerror}{bind_hint(host)}") \
+                from None
         return int(s.getsockname()[1])
+
+
+def bind_hint(address: str) -> str:
+    """What to say of an address a unit could not bind, when it is its node's address."""
+    host = address.rsplit(":", 1)[0].strip("[]") if address.count(":") == 1 or \
+        address.startswith("[") else address
+    if host and host == os.environ.get(NODE_ADDRESS):
+        return (f" ({NODE_ADDRESS}, the address the runtime gave this unit, is not one of "
+                f"this node's: {socket.gethostname()})")
+    return ""
 
 
 def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 
+from plinth.core.errors import PlinthError
 from plinth.core.net import advertised, free_port, host_port, node_address
 from plinth.tune.reports import Bound, send
 from plinth.tune.tracker import PORT_RANGE, serve
@@ -41,7 +43,10 @@ def main(argv: list[str] | None = None) -> None:
         os.environ["TVM_NUM_THREADS"] = str(args.threads)  # read when the worker starts
     from tvm import rpc
 
-    port = free_port(host)
+    try:
+        port = free_port(host)
+    except PlinthError as e:  # its node's address is not this host's: one line, not a trace
+        sys.exit(f"server: {e}")
     # custom_addr: the address the tracker hands clients is the one bound, whichever address
     # this node's connection to the tracker leaves from
     server = rpc.Server(host, port=port, port_end=port + PORT_RANGE, key=args.key,

@@ -12,6 +12,7 @@ import signal
 import sys
 from typing import Any
 
+from plinth.core.errors import PlinthError
 from plinth.core.net import advertised, free_port, node_address
 from plinth.tune.reports import Bound, send
 
@@ -45,7 +46,10 @@ def main(argv: list[str] | None = None) -> None:
     from tvm.rpc.tracker import Tracker
 
     # TVM binds the first free port of a range (port 0 is not one it takes): one free here.
-    port = free_port(host)
+    try:
+        port = free_port(host)
+    except PlinthError as e:  # its node's address is not this host's: one line, not a trace
+        sys.exit(f"tracker: {e}")
     tracker = Tracker(host, port=port, port_end=port + PORT_RANGE, silent=True)
     send(Bound.here(advertised(host, tracker.port)))  # sent again until it gets through
     serve(tracker)

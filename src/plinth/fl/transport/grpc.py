@@ -47,6 +47,7 @@ from typing import Any
 import grpc
 
 from plinth.core.errors import PlinthError, SpecError
+from plinth.core.net import bind_hint
 from plinth.fl import serde
 from plinth.fl.messages import ClientInfo
 
@@ -97,12 +98,15 @@ def message_options(chunk_size: int) -> list[tuple[str, int]]:
 def listen(server: grpc.Server, target: str, cert: bytes | None, key: bytes | None) -> int:
     """Bind `server` to `target` (TLS when both cert and key are given); the port, or a
     one-line `PlinthError`."""
-    if cert is not None and key is not None:
-        port = server.add_secure_port(target, grpc.ssl_server_credentials([(key, cert)]))
-    else:
-        port = server.add_insecure_port(target)
+    try:
+        if cert is not None and key is not None:
+            port = server.add_secure_port(target, grpc.ssl_server_credentials([(key, cert)]))
+        else:
+            port = server.add_insecure_port(target)
+    except RuntimeError:  # grpcio raises where it used to return 0
+        port = 0
     if port == 0:
-        raise PlinthError(f"--address: cannot listen on {target}")
+        raise PlinthError(f"--address: cannot listen on {target}{bind_hint(target)}")
     return port
 
 
