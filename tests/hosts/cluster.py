@@ -60,7 +60,10 @@ class PlinthBed:
         token = self.bed.root / "ray.token"
         token.write_text(secrets.token_hex(32))
         token.chmod(0o600)
-        self.env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token),
+        # Not the loopback switch that tests/runtime/ray_cluster.py sets in this process (a
+        # test run imports both): with it, `ray start --address` refuses to join.
+        env = {k: v for k, v in os.environ.items() if k != "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"}
+        self.env = {**env, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token),
                     "RAY_USAGE_STATS_ENABLED": "0"}
         self.head = self.bed.hosts["h1"].address
         self.server = f"http://{self.head}:{API_PORT}"
