@@ -130,8 +130,9 @@ def quickstart(
                     raise PlinthError(f"service {w['name']} not serving after {timeout:g} s")
                 time.sleep(0.2)
             task, fl_clients = submit_fl_task(c, home)
-            console.print(f"plinth submit {FL_TASK}  ->  FLTask {task['name']}, clients "
-                          f"connect to {task['status']['address']}", highlight=False)
+            console.print(f"plinth submit {FL_TASK}  ->  FLTask {task['name']}; its clients "
+                          f"ask the control plane where its server listens (plinth fl client "
+                          f"--task {task['name']})", highlight=False)
             tune = submit_tune(c, home)
             console.print(f"plinth submit {TUNE}  ->  Tune {tune['name']}, records into "
                           f"{tune['status']['db']}", highlight=False)
