@@ -39,12 +39,12 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests" / "hosts"))
+from plinth.cli.quickstart import kill_jobs, start_server, stop_server
+from plinth.client import Client
+from plinth.core.net import free_port
 
-from plinth.cli.quickstart import kill_jobs, start_server, stop_server  # noqa: E402
-from plinth.client import Client  # noqa: E402
-from plinth.core.net import free_port  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests" / "hosts"))  # the bed (bed.py, cluster.py)
 
 MODEL = '''"""A 1.08M-parameter MLP for the digits data set (bench/fl_hosts.py)."""
 

@@ -134,8 +134,9 @@ def quickstart(
             console.print(f"Service {w['name']} answers at {w['status']['url']}",
                           highlight=False)
             task, fl_clients = submit_fl_task(c, home)
-            console.print(f"plinth submit {FL_TASK}  ->  FLTask {task['name']}, clients "
-                          f"connect to {task['status']['address']}", highlight=False)
+            console.print(f"plinth submit {FL_TASK}  ->  FLTask {task['name']}; its clients "
+                          f"ask the control plane where its server listens (plinth fl client "
+                          f"--task {task['name']})", highlight=False)
             tune = submit_tune(c, home)
             console.print(f"plinth submit {TUNE}  ->  Tune {tune['name']}, records into "
                           f"{tune['status']['db']}", highlight=False)
