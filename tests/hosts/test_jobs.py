@@ -56,3 +56,18 @@ def test_a_gloo_gang_of_4_across_two_hosts_agrees_on_an_all_reduce(plinth_bed):
     masters = {r["env"]["MASTER_ADDR"] for r in reports}
     assert len(masters) == 1 and masters <= {"198.18.0.2", "198.18.0.3"}, masters
     assert sorted(r["env"]["LOCAL_RANK"] for r in reports) == ["0", "0", "1", "1"]
+
+
+def test_a_job_that_needs_what_no_ray_node_offers_is_refused_in_one_line(plinth_bed):
+    """A node no Ray node is (nodelist), a GPU model no Ray node has: refused at submit in
+    one line naming the field, and what was accepted before is untouched."""
+    before = json.loads(plinth_bed.cli("h3", "ls", "--all", "-o", "json").stdout)
+    for name, extra, field in (
+            ("nowhere", "nodelist: [h9]\n", "h9"),
+            ("no-such-gpu", "resources: {cpus: 1, gpus: 1, gpu_model: [H100]}\n", "H100")):
+        spec = _spec(plinth_bed, name, f"name: {name}\ncommand: [hostname]\n{extra}")
+        done = plinth_bed.cli("h3", "submit", spec, check=False)
+        lines = done.stderr.strip().splitlines()
+        assert done.returncode != 0 and len(lines) == 1 and field in lines[0], done.stderr
+    after = json.loads(plinth_bed.cli("h3", "ls", "--all", "-o", "json").stdout)
+    assert [(j["id"], j["state"]) for j in after] == [(j["id"], j["state"]) for j in before]
