@@ -212,3 +212,22 @@ def test_plinth_up_with_another_ray_version_than_the_clusters_is_one_line(ray_cl
         f"--ray-address {ray_cluster.address}: version mismatch: the Ray cluster runs Ray "
         f"{ray.__version__} on Python {py}, this control plane Ray 2.0.0 on Python {py}; run "
         f"it with the cluster's versions"), p.stderr
+
+
+def test_node_logs_read_a_new_file_of_a_reused_name_from_its_start(tmp_path, monkeypatch):
+    """Job ids start again at 1 under another control plane (a new store), so a worker's name
+    comes back on a node whose NodeLogs outlived the first: its new output must not be read
+    from the old one's offset."""
+    from plinth.runtime import ray_logs
+
+    monkeypatch.setattr(ray_logs.tempfile, "gettempdir", lambda: str(tmp_path))
+    logs, name = ray_logs.NodeLogs(), "plinth-j1-a1-r0"
+    folder = ray_logs.worker_dir(name)
+    folder.mkdir(parents=True)
+    (folder / "id").write_text("first")
+    (folder / "output.log").write_bytes(b"the first job's output\n")
+    assert logs.take([name]) == {name: b"the first job's output\n"}
+    (folder / "id").write_text("second")  # the new worker of that name
+    (folder / "output.log").write_bytes(b"up\n")
+    assert logs.take([name]) == {name: b"up\n"}
+    assert logs.take([name]) == {}

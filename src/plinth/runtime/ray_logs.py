@@ -1,7 +1,7 @@
 """Workers' output, from the Ray nodes to the jobs' log files: one call per node, not per worker.
 
 Each worker's shim appends its output to a file on its own node (`worker_dir(NAME)/output.log`,
-NAME its actor's name). One `NodeLogs` actor per node (named `plinth-logs-NODEID`, detached,
+NAME its actor's name, beside an `id` file unique to the worker). One `NodeLogs` actor per node (named `plinth-logs-NODEID`, detached,
 pinned to its node, no CPU) reads the new output of every worker there that the control plane
 asks for, and keeps how much of each it has handed over, so a restarted control plane goes on
 where the last one stopped. The control plane's side, `LogShipper`, asks each node once every
@@ -33,23 +33,29 @@ class NodeLogs:
     """On one node: hands over the output of that node's workers, a piece at a time."""
 
     def __init__(self) -> None:
-        self.sent: dict[str, int] = {}  # bytes of each worker's output handed over
+        # Bytes of each worker's output handed over, with the worker's id (its folder's `id`
+        # file): a worker of the same name later (another control plane's job 1) is read
+        # from its start.
+        self.sent: dict[str, tuple[str, int]] = {}
 
     def take(self, names: list[str]) -> dict[str, bytes]:
         """Output not handed over yet of each worker in `names` (up to LOG_CHUNK each); a
         worker with none is left out. A worker whose folder is gone is forgotten."""
         out = {}
         for name in names:
-            at = self.sent.get(name, 0)
+            folder = worker_dir(name)
             try:
-                with open(worker_dir(name) / "output.log", "rb") as f:
+                wid = (folder / "id").read_text()
+                with open(folder / "output.log", "rb") as f:
+                    was, at = self.sent.get(name, (wid, 0))
+                    at = at if was == wid else 0
                     f.seek(at)
                     chunk = f.read(LOG_CHUNK)
             except FileNotFoundError:
                 self.sent.pop(name, None)
                 continue
+            self.sent[name] = (wid, at + len(chunk))
             if chunk:
-                self.sent[name] = at + len(chunk)
                 out[name] = chunk
         return out
 

@@ -17,6 +17,7 @@ import socket
 import subprocess
 import threading
 import time
+import uuid
 from pathlib import Path
 
 import psutil
@@ -49,6 +50,7 @@ class WorkerActor:
         self.dir = worker_dir(actor_name(job_id, attempt, rank))
         shutil.rmtree(self.dir, ignore_errors=True)  # an earlier actor's of this name
         self.dir.mkdir(mode=0o700, parents=True)
+        (self.dir / "id").write_text(uuid.uuid4().hex)  # tells it from a later one of its name
         self.log_file = self.dir / "output.log"
         self.log_path = ""
         self.checkpoint_dir: str | None = None

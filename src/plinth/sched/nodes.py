@@ -9,8 +9,13 @@ released and it is free again.
 
 from __future__ import annotations
 
-from plinth.core.resources import Allocation, Request, WorkerSlot
+from typing import TYPE_CHECKING
+
+from plinth.core.resources import Allocation, Cluster, Request, WorkerSlot
 from plinth.sched.state import ClusterState
+
+if TYPE_CHECKING:
+    from plinth.sched.owner import Owner
 
 
 class DownNodes:
@@ -49,3 +54,23 @@ class DownNodes:
     def _take(self, state: ClusterState, alloc: Allocation, req: Request) -> None:
         state.allocate(alloc, req)
         self.holds.append((alloc, req))
+
+
+def grown(owner: Owner, cluster: Cluster) -> tuple[ClusterState, ClusterState]:
+    """The owner's plan and what its launched attempts hold, rebuilt on `cluster`: its own
+    with nodes appended (every index kept), from the jobs as they stand (as
+    plinth.sched.invariants checks them)."""
+    n = len(owner.cluster.nodes)
+    if cluster.nodes[:n] != owner.cluster.nodes:
+        raise ValueError("add_nodes: the new cluster must keep the old nodes, in order")
+    plan, held = ClusterState(cluster), ClusterState(cluster)
+    for js in owner.running.values():
+        plan.allocate(js.allocation, js.job.request)  # type: ignore[arg-type]
+    for jid, (alloc, _, _) in owner.next_start.items():
+        plan.allocate(alloc, owner.jobs[jid].job.request)
+    for jid in owner.runs:
+        js = owner.jobs[jid]
+        held.allocate(js.allocation, js.job.request)  # type: ignore[arg-type]
+    for alloc, req in owner.down.holds:
+        plan.allocate(alloc, req)
+    return plan, held

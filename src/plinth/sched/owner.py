@@ -71,7 +71,7 @@ from plinth.sched.events import (  # noqa: F401 (the owner's vocabulary, importe
 )
 from plinth.sched.holds import Holds
 from plinth.sched.invariants import check_owner
-from plinth.sched.nodes import DownNodes
+from plinth.sched.nodes import DownNodes, grown
 from plinth.sched.policies.base import Policy
 from plinth.sched.restore import Restoring
 from plinth.sched.state import ClusterState
@@ -191,21 +191,8 @@ class Owner(Restoring):
     def add_nodes(self, cluster: Cluster, policy: Policy) -> None:
         """Nodes joined: `cluster` is this one with them appended (so every index, of a node
         and of a GPU, stays what it was), and `policy` the policy for it. The plan and what
-        launched attempts hold are rebuilt on it from the jobs, as they stand."""
-        n = len(self.cluster.nodes)
-        if cluster.nodes[:n] != self.cluster.nodes:
-            raise ValueError("add_nodes: the new cluster must keep the old nodes, in order")
-        plan, held = ClusterState(cluster), ClusterState(cluster)
-        for js in self.running.values():
-            plan.allocate(js.allocation, js.job.request)  # type: ignore[arg-type]
-        for jid, (alloc, _, _) in self.next_start.items():
-            plan.allocate(alloc, self.jobs[jid].job.request)
-        for jid in self.runs:
-            js = self.jobs[jid]
-            held.allocate(js.allocation, js.job.request)  # type: ignore[arg-type]
-        for alloc, req in self.down.holds:
-            plan.allocate(alloc, req)
-        self.state, self.held = plan, held
+        launched attempts hold are rebuilt on it from the jobs (see plinth.sched.nodes)."""
+        self.state, self.held = grown(self, cluster)
         self.set_policy(policy, cluster)
 
     def set_down(self, nodes: frozenset[int]) -> None:
