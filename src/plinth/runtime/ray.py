@@ -546,10 +546,11 @@ def _free_pg(ray, job_id: int, attempt: int) -> None:
 
 
 def _streams(att: _Attempt, workers: list[_Worker]) -> list[Stream]:
-    """The output of `workers` of `att` that is still on their nodes."""
+    """The output of `workers` of `att` that is still on their nodes: not of a worker lost
+    with its actor (its node may be gone, and a call there would wait its whole timeout)."""
     return [Stream(wk.node_id, wk.name, att.log_path,
                    f"job {att.job_id} attempt {att.attempt} rank {wk.rank}")
-            for wk in workers if wk.node_id and att.log_path]
+            for wk in workers if wk.node_id and att.log_path and wk.actor is not None]
 
 
 def _pg_name(job_id: int, attempt: int) -> str:

@@ -141,7 +141,8 @@ class LogShipper:
 
     def _actor(self, node: str):
         """Node `node`'s NodeLogs, made if it has none yet (or found, if it has); None if its
-        node cannot take it now."""
+        node cannot take it now. It is not restarted: it dies with its node, so that a call
+        to it fails at once rather than wait for a node that will not come back."""
         actor = self._actors.get(node)
         if actor is not None:
             return actor
@@ -150,7 +151,7 @@ class LogShipper:
         try:
             actor = self._cls.options(
                 name=f"plinth-logs-{node}", namespace=self.namespace, lifetime="detached",
-                get_if_exists=True, num_cpus=0, max_restarts=-1,
+                get_if_exists=True, num_cpus=0, max_restarts=0,
                 scheduling_strategy=strategy).remote()
         except ray.exceptions.RayError as e:
             self.problem(f"node {node[:12]}: no log actor: {e}")
