@@ -26,6 +26,7 @@ import subprocess
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,6 +42,18 @@ def skip_reason() -> str | None:
         if shutil.which(tool) is None:
             return f"the multi-host bed needs `{tool}` (iproute2 / util-linux)"
     return None
+
+
+def wait_for(cond: Callable[[], object], what: str, timeout: float = 180.0) -> object:
+    """Poll `cond` until it returns something truthy (its value); fail naming `what` at the
+    deadline. The one polling loop of the bed and its tests."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        v = cond()
+        if v:
+            return v
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
 
 
 def _ip(*args: str) -> None:
@@ -152,9 +165,7 @@ class Bed:
                     os.kill(pid, sig)
                 except ProcessLookupError:
                     pass
-        deadline = time.monotonic() + 10
-        while self.pids(host) and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_for(lambda: not self.pids(host), f"host {host}'s processes to die", timeout=10)
         anchor = self.hosts[host].anchor
         if anchor is not None:
             anchor.wait(timeout=10)

@@ -15,12 +15,11 @@ import secrets
 import shlex
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bed import Bed
+from bed import Bed, wait_for
 
 VENV_BIN = Path(sys.executable).parent
 RAY = str(VENV_BIN / "ray")
@@ -122,11 +121,8 @@ class PlinthBed:
         return sum(1 for line in active.splitlines() if line.strip().startswith("1 node_"))
 
     def wait_ray_nodes(self, n: int, timeout: float = 120) -> None:
-        deadline = time.monotonic() + timeout
-        while self.ray_nodes() != n:
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the Ray head does not count {n} nodes alive")
-            time.sleep(0.5)
+        wait_for(lambda: self.ray_nodes() == n, f"the Ray head to count {n} nodes alive",
+                 timeout)
 
     def start_plane(self, *extra: str) -> None:
         """`plinth up` on h1, bound to h1's address, on the Ray cluster."""
@@ -138,15 +134,14 @@ class PlinthBed:
             "--fence-after", str(FENCE_AFTER_S), *extra],
             env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         log.close()
-        deadline = time.monotonic() + 120
-        while True:
+        def answers() -> bool:  # (without a token, with 401)
+            if self.plane.poll() is not None:
+                raise RuntimeError(f"plinth up on h1 exited: {self.plane_log()[-2000:]}")
             done = self.bed.sh("h1", [PLINTH, "nodes", "--server", self.server, "--token", "-"],
                                check=False)
-            if "401" in done.stderr + done.stdout or done.returncode == 0:
-                break  # it answers (without a token, with 401)
-            if self.plane.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"plinth up on h1 did not start: {self.plane_log()[-2000:]}")
-            time.sleep(0.2)
+            return "401" in done.stderr + done.stdout or done.returncode == 0
+
+        wait_for(answers, "plinth up on h1 to answer", timeout=120)
         self.token = self.bed.sh("h1", ["cat", f"{HOME}/token"]).stdout.strip()
 
     def plane_log(self) -> str:

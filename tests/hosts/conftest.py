@@ -4,8 +4,6 @@ the end even when a test fails. Tests that need root skip with the reason elsewh
 from __future__ import annotations
 
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -14,8 +12,6 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from bed import skip_reason
 from cluster import PlinthBed
-
-DEADLINE_S = 180.0  # generous: the machine is shared; tests never assert on time
 
 
 @pytest.fixture(scope="session")
@@ -28,14 +24,3 @@ def plinth_bed():
         yield pb.up()
     finally:
         pb.down()
-
-
-def wait_for(cond: Callable[[], object], what: str, timeout: float = DEADLINE_S) -> object:
-    """Poll `cond` until it returns something truthy; fail naming `what` at the deadline."""
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        v = cond()
-        if v:
-            return v
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+from bed import wait_for
 from cluster import PLINTH, PlinthBed, Worker
-from conftest import wait_for
 
 pytestmark = [pytest.mark.hosts, pytest.mark.slow, pytest.mark.xdist_group("hosts")]
 PARTITION_S = 30

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+from bed import wait_for
 from cluster import PLINTH
-from conftest import wait_for
 
 from plinth.control.users import ensure_user
 

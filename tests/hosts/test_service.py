@@ -13,7 +13,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 import pytest
-from conftest import wait_for
+from bed import wait_for
 
 pytestmark = [pytest.mark.hosts, pytest.mark.slow, pytest.mark.xdist_group("hosts")]
 LOAD = Path(__file__).parent / "load.py"

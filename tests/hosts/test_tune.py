@@ -11,7 +11,7 @@ import re
 import sys
 
 import pytest
-from conftest import wait_for
+from bed import wait_for
 
 from plinth.tune.db import listing, model_key
 
