@@ -109,6 +109,7 @@ def on_bed(jobs: int, deaths: int) -> tuple[dict, list[float]]:
 def host_death(pb, i: int) -> float:
     """Seconds from killing the host of a running job to the job's first beat elsewhere."""
     from cluster import Worker
+    from test_faults import _beats
 
     beats = pb.shared / f"death{i}.beats"
     beats.touch()
@@ -131,11 +132,6 @@ def host_death(pb, i: int) -> float:
 def _job_id(pb, name: str) -> str:
     jobs = json.loads(pb.cli("h1", "ls", "-o", "json").stdout)
     return str(next(j["id"] for j in jobs if j["name"] == name))
-
-
-def _beats(path: Path) -> list[tuple[int, str, float]]:
-    rows = [line.split() for line in path.read_text().splitlines()]
-    return [(int(r[0]), r[1], float(r[2])) for r in rows if len(r) == 3]
 
 
 def _until(cond, timeout: float):

@@ -7,14 +7,13 @@ hosts), with a fourth host that is not a Ray node at first."""
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
 from bed import wait_for
-from cluster import PLINTH, PlinthBed, Worker
+from cluster import PlinthBed, Worker
 
 pytestmark = [pytest.mark.hosts, pytest.mark.slow, pytest.mark.xdist_group("hosts")]
 PARTITION_S = 30
@@ -129,7 +128,7 @@ def test_a_host_that_dies_under_a_service_and_an_fl_task_has_their_units_replace
     the host of a middle that is not the server's dies mid-task. The middle is replaced on a
     host that lives, the task goes on to its last round, and the service is back to 2 ready
     replicas, answering."""
-    from test_fl import CLIENTS, _app
+    from test_fl import _app, start_clients
     from test_service import SERVICE
 
     pb = faults_bed
@@ -143,11 +142,7 @@ def test_a_host_that_dies_under_a_service_and_an_fl_task_has_their_units_replace
     doc["server"]["rounds"] = rounds
     app.write_text(yaml.safe_dump(doc))
     pb.cli("h1", "submit", str(app))
-    clients = pb.bed.run("h1", [PLINTH, "fl", "client", str(app), "--task", name, "--cids",
-                                f"0-{CLIENTS - 1}", "--tokens", str(app.parent / "tokens.txt")],
-                         env={**pb.env, "PLINTH_SERVER": pb.server, "PLINTH_TOKEN": pb.token,
-                              "OMP_NUM_THREADS": "1"},
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    clients = start_clients(pb, "h1", app, name)
     try:
         units = wait_for(lambda: {u["unit"]: u["job_id"] for u in pb.api(
             "h1", f"/v1/workloads/{name}")["units"] if u["state"] == "running"}.keys() >= {

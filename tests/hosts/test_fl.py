@@ -44,6 +44,16 @@ def _app(pb, name: str) -> Path:
     return path
 
 
+def start_clients(pb, host: str, app: Path, name: str) -> subprocess.Popen:
+    """The task's CLIENTS clients in one process on `host`, finding their server or middle
+    through the control plane (`plinth fl client --task`); their output on its stdout."""
+    return pb.bed.run(host, [PLINTH, "fl", "client", str(app), "--task", name, "--cids",
+                             f"0-{CLIENTS - 1}", "--tokens", str(app.parent / "tokens.txt")],
+                      env={**pb.env, "PLINTH_SERVER": pb.server, "PLINTH_TOKEN": pb.token,
+                           "OMP_NUM_THREADS": "1"},
+                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
 def _status(pb, name: str) -> dict:
     return pb.api("h3", f"/v1/workloads/{name}")
 
@@ -64,11 +74,7 @@ def test_an_fl_task_runs_its_tree_on_worker_hosts_with_clients_on_another(plinth
     pb.cli("h3", "submit", str(app))
     # the clients, started before anything is known: they ask the control plane for their
     # middle's address (cid mod 2), and wait for it to be reported
-    clients = pb.bed.run("h3", [PLINTH, "fl", "client", str(app), "--task", name, "--cids",
-                                f"0-{CLIENTS - 1}", "--tokens", str(app.parent / "tokens.txt")],
-                         env={**pb.env, "PLINTH_SERVER": pb.server, "PLINTH_TOKEN": pb.token,
-                              "OMP_NUM_THREADS": "1"},
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    clients = start_clients(pb, "h3", app, name)
 
     def reported() -> dict | None:  # the server's and both middles' addresses, while they run
         st = _status(pb, name)["status"]
