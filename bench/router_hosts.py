@@ -42,7 +42,7 @@ from rich.table import Table
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "hosts"))
-from bed import skip_reason
+from bed import skip_reason, wait_for
 from cluster import PlinthBed
 
 from plinth.cli.quickstart import kill_jobs, start_server, stop_server
@@ -54,16 +54,6 @@ SERVICE = {"kind": "Service", "name": "digits", "model": "tiny-cnn", "input_shap
            "slo_ms": 500, "resources": {"cpus": 0.5, "memory": "1Gi"}, "min_replicas": 2,
            "max_replicas": 2, "router": {"cpus": 1}}
 READY_S = 300.0
-
-
-def wait(cond, what: str, timeout: float = READY_S):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        v = cond()
-        if v:
-            return v
-        time.sleep(0.2)
-    raise SystemExit(f"timed out waiting for {what}")
 
 
 def read(out: Path) -> dict:
@@ -87,7 +77,7 @@ def measure(start_load, out: Path, seconds: float, kill=None, restart=None) -> d
         restart()
         plane_down_s = time.monotonic() - down_at
     proc.wait(timeout=seconds + 120)
-    got = wait(lambda: (r := read(out))["done"] and r, "the load's last figures", 30)
+    got = wait_for(lambda: (r := read(out))["done"] and r, "the load's last figures", 30)
     failed = sum(n for code, n in got["codes"].items() if code != "200")
     return {"rps": got["rps"], "p50_ms": got["p50_ms"], "p99_ms": got["p99_ms"],
             "ok": got["ok"], "failed": failed, "codes": got["codes"],
@@ -100,8 +90,8 @@ def on_bed(args) -> dict:
         spec = pb.shared / "digits.json"  # JSON is YAML
         spec.write_text(json.dumps(SERVICE))
         pb.cli("h3", "submit", str(spec))
-        w = wait(lambda: (w := pb.api("h3", "/v1/workloads/digits"))["status"].get("ready")
-                 == 2 and w, "the service on the bed")
+        w = wait_for(lambda: (w := pb.api("h3", "/v1/workloads/digits"))["status"].get("ready")
+                 == 2 and w, "the service on the bed", READY_S)
         url = w["status"]["url"]
         nodes = {u["unit"]: pb.api("h3", f"/v1/workloads/{u['job_id']}")["allocation"]
                  ["slots"][0]["node_name"] for u in w["units"] if u["state"] == "running"}
@@ -134,8 +124,8 @@ def on_one_host(args) -> dict:
         token = (home / "token").read_text().strip()
         with Client(f"http://127.0.0.1:{port}", token) as c:
             c.submit_workload(SERVICE)
-            w = wait(lambda: (w := c.workload("digits"))["status"].get("ready") == 2 and w,
-                     "the service on one host")
+            w = wait_for(lambda: (w := c.workload("digits"))["status"].get("ready") == 2 and w,
+                     "the service on one host", READY_S)
         url = w["status"]["url"]
 
         def load(out: Path, seconds: float) -> subprocess.Popen:
