@@ -123,9 +123,9 @@ class Driver:
         self._progress = "progress" in runtime.capabilities
         self._pool: ThreadPoolExecutor | None = None  # made at the first concurrent batch
         self._wake = wake if "concurrent-launch" in runtime.capabilities else None
-        # Launches off the loop: those on their way (with a stop asked for meanwhile, if one
-        # was), and those done, for the next turn to take.
-        self._inflight: dict[tuple[int, int], tuple[bool, bool] | None] = {}
+        # Launches off the loop: those on their way (with, once a stop is asked for meanwhile,
+        # whether it asks for a checkpoint), and those done, for the next turn to take.
+        self._inflight: dict[tuple[int, int], bool | None] = {}
         self._done: queue.SimpleQueue[tuple[Launch, Handle | LaunchError]] = queue.SimpleQueue()
 
     # --- a turn -------------------------------------------------------------------------------
@@ -150,10 +150,9 @@ class Driver:
         out: list[Event] = []
         while not self._done.empty():
             ins, result = self._done.get()
-            stop = self._inflight.pop((ins.job_id, ins.attempt), None)
-            if stop is not None and not isinstance(result, LaunchError):
-                self.runtime.stop(ins.job_id, ins.attempt, self.grace_s if stop[0] else 0.0,
-                                  checkpoint=stop[1])
+            checkpoint = self._inflight.pop((ins.job_id, ins.attempt), None)
+            if checkpoint is not None and not isinstance(result, LaunchError):
+                self.runtime.stop(ins.job_id, ins.attempt, self.grace_s, checkpoint=checkpoint)
             ev = self._launched(ins, result, now)
             if ev is not None:
                 out.append(ev)
@@ -190,7 +189,7 @@ class Driver:
                 if type(ins) is Launch:
                     launches.append(ins)
                 elif (ins.job_id, ins.attempt) in self._inflight:  # stopped when it is up
-                    self._inflight[(ins.job_id, ins.attempt)] = (grace > 0, ins.checkpoint)
+                    self._inflight[(ins.job_id, ins.attempt)] = ins.checkpoint
                 else:
                     runtime.stop(ins.job_id, ins.attempt, grace,
                                  checkpoint=ins.checkpoint)  # type: ignore[union-attr]
